@@ -1,0 +1,18 @@
+"""eagle_mm: drop-in EAGLE speculative-decoding draft heads for Hugging Face models."""
+from .config import Eagle3Config, EagleConfig, TreeConfig
+from .generate import SpeculativeOutput, SpeculativeStats, speculative_generate
+from .heads import Eagle3Head, EagleHead
+
+
+def load_head(path, target=None, **kwargs):
+    """Load an EAGLE or EAGLE-3 head (kind detected from the checkpoint)."""
+    from .heads.io import load_head as _load
+
+    return _load(path, target=target, **kwargs)
+
+
+__all__ = [
+    "EagleHead", "Eagle3Head", "EagleConfig", "Eagle3Config", "TreeConfig",
+    "speculative_generate", "SpeculativeOutput", "SpeculativeStats", "load_head",
+]
+__version__ = "0.1.0"

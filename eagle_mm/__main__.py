@@ -1,0 +1,8 @@
+"""`python -m eagle_mm` runs the `eagle-mm` command line."""
+
+import sys
+
+from eagle_mm.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Tree verification against HF ``Cache`` objects: per-layer-kind masks and keeping the accepted path.
+
+Slots: a full-attention layer stores a sequence of slots; ``SlotBook.full`` (B, S) holds each slot's
+token position, -1 where a row has no token (left padding, or the holes left when rows accept
+different counts). A sliding-window layer stores at most ``window - 1`` slots per row, compacted to the
+right after every cycle; ``SlotBook.windows[w]`` (B, s) holds their positions. After a verify forward
+the Q tree slots sit at the end of every layer; ``keep_path`` keeps the accepted ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["LayerKind", "SlotBook", "layer_kinds", "build_masks", "CacheSnapshot", "keep_path"]
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    name: str  # the model's layer_types name, used as the mask-dict key
+    window: int | None = None  # sliding window: key allowed when q_pos - k_pos < window
+    chunk: int | None = None  # chunked attention: key allowed when in the same chunk as the query
+
+
+@dataclass
+class SlotBook:
+    full: torch.Tensor  # (B, S) positions of full-layer slots, -1 unused
+    windows: dict[int, torch.Tensor] = field(default_factory=dict)  # window -> (B, s) positions
+
+    @classmethod
+    def after_prefill(cls, cache, pos: torch.Tensor) -> "SlotBook":
+        book = cls(full=pos)
+        for layer in cache.layers:
+            if _is_sliding(layer):
+                book.windows[layer.sliding_window] = pos[:, pos.shape[1] - _stored_len(layer):]
+        return book
+
+
+def _is_sliding(layer) -> bool:
+    return bool(getattr(layer, "is_sliding", False))
+
+
+def _stored_len(layer) -> int:
+    return 0 if getattr(layer, "keys", None) is None or layer.keys.numel() == 0 else layer.keys.shape[-2]
+
+
+def layer_kinds(cache, text_config) -> list[LayerKind]:
+    """The attention kind of each decoder layer, from the cache layers (what is stored) and the config."""
+    types = getattr(text_config, "layer_types", None)
+    chunk = getattr(text_config, "attention_chunk_size", None)
+    kinds = []
+    for i, layer in enumerate(cache.layers):
+        name = types[i] if types is not None else "full_attention"
+        if name == "chunked_attention":
+            kinds.append(LayerKind(name, chunk=chunk))
+        elif _is_sliding(layer):
+            kinds.append(LayerKind(name if types is not None else "sliding_attention", window=layer.sliding_window))
+        elif name in ("full_attention", "sliding_attention"):
+            kinds.append(LayerKind(name))
+        else:
+            raise ValueError(f"layer {i} has attention type {name!r}, which tree verification does not support")
+    return kinds
+
+
+def build_masks(kinds: list[LayerKind], book: SlotBook, q_pos: torch.Tensor, q_allowed: torch.Tensor,
+                dtype: torch.dtype):
+    """Additive float masks for a forward of Q new tokens over the cache.
+
+    q_pos (B, Q) positions of the new tokens; q_allowed (B, Q, Q) bool: which new tokens each new token
+    may see (tree ancestry, or causal). Returns one (B, 1, Q, S_kind+Q) tensor, or a dict keyed by
+    layer type when the model mixes kinds.
+    """
+    neg = torch.finfo(dtype).min
+    masks = {}
+    for kind in kinds:
+        if kind.name in masks:
+            continue
+        kpos = book.windows[kind.window] if kind.window is not None else book.full
+        qp, kp = q_pos[:, :, None], kpos[:, None, :]  # (B, Q, 1), (B, 1, s)
+        past_ok = (kp >= 0) & (kp <= qp)
+        new_ok = q_allowed
+        if kind.window is not None:
+            past_ok = past_ok & (qp - kp < kind.window)
+        if kind.chunk is not None:
+            qc = torch.div(q_pos, kind.chunk, rounding_mode="floor")
+            past_ok = past_ok & (qc[:, :, None] == torch.div(kp, kind.chunk, rounding_mode="floor"))
+            new_ok = new_ok & (qc[:, :, None] == qc[:, None, :])
+        allowed = torch.cat((past_ok, new_ok), dim=-1)  # (B, Q, s+Q)
+        m = torch.zeros(allowed.shape, dtype=dtype, device=q_pos.device).masked_fill_(~allowed, neg)
+        masks[kind.name] = m[:, None]
+    return next(iter(masks.values())) if len(masks) == 1 else masks
+
+
+class CacheSnapshot:
+    """Stored lengths before a verify forward; sliding layers are told to keep every slot until
+    ``keep_path`` compacts them (otherwise a tree wider than the window would lose its own slots)."""
+
+    def __init__(self, cache, q_len: int):
+        self.lengths = [_stored_len(layer) for layer in cache.layers]
+        for layer in cache.layers:
+            if not _is_sliding(layer):
+                continue
+            if hasattr(layer, "activate_past_recording"):
+                layer.activate_past_recording()
+            elif q_len > layer.sliding_window - 1:
+                raise ValueError(f"a tree of {q_len} tokens does not fit the sliding window {layer.sliding_window} "
+                                 f"on this transformers release; use total_tokens < {layer.sliding_window - 1}")
+
+
+def _compact_index(pos: torch.Tensor, width: int):
+    """Per row, the indices of the last ``width`` valid slots, right-aligned: (B, w) idx and their pos."""
+    valid = pos >= 0
+    w = min(width, int(valid.sum(1).max()))
+    if w == 0:
+        return pos.new_zeros(pos.shape[0], 0), pos.new_zeros(pos.shape[0], 0)
+    # Score valid slots by index, invalid ones below all: top-w then ascending order keeps the newest w.
+    score = torch.where(valid, torch.arange(pos.shape[1], device=pos.device).expand_as(pos), -1)
+    top = score.topk(w, dim=1).values.flip(1)  # (B, w) ascending, -1 padding on the left
+    idx = top.clamp(min=0)
+    return idx, torch.where(top >= 0, pos.gather(1, idx), torch.full_like(idx, -1))
+
+
+def _gather_slots(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """t (B, h, S, d), idx (B, A) -> (B, h, A, d)."""
+    i = idx.to(t.device)[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
+    return t.gather(2, i)
+
+
+def keep_path(cache, snap: CacheSnapshot, book: SlotBook, keep: torch.Tensor, new_pos: torch.Tensor,
+              q_len: int) -> None:
+    """Replace the Q tree slots appended by the last forward with the kept ones.
+
+    keep (B, A) indices into the tree slots; new_pos (B, A) their positions, -1 for padding.
+    """
+    compact = {}
+    for w, old_pos in book.windows.items():
+        compact[w] = _compact_index(torch.cat((old_pos, new_pos), 1), w - 1)
+    for layer, s_old in zip(cache.layers, snap.lengths):
+        if getattr(layer, "keys", None) is None:
+            continue
+        k, v = layer.keys, layer.values  # (B, h, s_old + Q, d)
+        k = torch.cat((k[:, :, :s_old], _gather_slots(k[:, :, -q_len:], keep)), 2)
+        v = torch.cat((v[:, :, :s_old], _gather_slots(v[:, :, -q_len:], keep)), 2)
+        if _is_sliding(layer):
+            idx = compact[layer.sliding_window][0]
+            k, v = _gather_slots(k, idx), _gather_slots(v, idx)
+            layer.cumulative_length = layer.cumulative_length - q_len + keep.shape[1]
+        layer.keys, layer.values = k, v
+    book.full = torch.cat((book.full, new_pos), 1)
+    for w in book.windows:
+        book.windows[w] = compact[w][1]

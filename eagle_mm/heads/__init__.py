@@ -1,0 +1,4 @@
+from .eagle import EagleHead
+from .eagle3 import Eagle3Head
+
+__all__ = ["EagleHead", "Eagle3Head"]

@@ -1,0 +1,96 @@
+"""Pure tensor functions for draft trees: global rerank, ancestry, masks' tree part, greedy acceptance.
+
+A tree of N draft nodes is stored with its root (the last accepted token) at index 0:
+  tokens (B, N+1), parent (B, N+1) (parent[:, 0] = 0, parent[i] < i), depth (B, N+1) (depth[:, 0] = 0).
+Nodes are ordered so that a parent always precedes its children.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Tree", "select_tree", "ancestors", "greedy_accept", "path_indices"]
+
+
+@dataclass
+class Tree:
+    tokens: torch.Tensor  # (B, N+1) target token ids, root first
+    parent: torch.Tensor  # (B, N+1) index of each node's parent (root points to itself)
+    depth: torch.Tensor  # (B, N+1) 0 for the root
+    draft_logp: torch.Tensor | None = None  # (B, N+1) log-prob of each node under the draft (root: 0)
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[1]
+
+
+def select_tree(root: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor, depth: torch.Tensor,
+                scores: torch.Tensor, total: int) -> Tree:
+    """EAGLE-2 global rerank: keep the ``total`` candidates with the best cumulative log-prob.
+
+    root (B,); tokens, parent, scores (B, M) candidates in creation order, parent is a candidate index
+    (-1 = the root); depth (M,) or (B, M). A child's score never exceeds its parent's and parents are
+    created first, so a stable sort keeps every chosen node's parent: the result is a connected tree.
+    """
+    B, M = tokens.shape
+    if not 0 < total <= M:
+        raise ValueError(f"total={total} must be in [1, {M}] (the number of candidates)")
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :total]
+    keep = torch.sort(order, dim=-1).values  # (B, N) candidate ids in creation order
+    # New index of each kept candidate: 1..N (0 is the root); others map to -1 (never referenced).
+    remap = torch.full((B, M + 1), -1, dtype=torch.long, device=tokens.device)
+    remap[:, 0] = 0  # candidate parent -1 (shifted to 0) is the root
+    remap.scatter_(1, keep + 1, torch.arange(1, total + 1, device=tokens.device).expand(B, -1))
+    kept_parent = remap.gather(1, parent.gather(1, keep) + 1)
+    if bool((kept_parent < 0).any()):  # unreachable when scores are cumulative log-probs
+        raise ValueError("select_tree: a kept node's parent was dropped; scores must not increase with depth")
+    depth = depth.expand(B, M) if depth.dim() == 1 else depth
+    zero = torch.zeros(B, 1, dtype=torch.long, device=tokens.device)
+    return Tree(
+        tokens=torch.cat((root.view(B, 1), tokens.gather(1, keep)), 1),
+        parent=torch.cat((zero, kept_parent), 1),
+        depth=torch.cat((zero, depth.gather(1, keep)), 1),
+    )
+
+
+def ancestors(parent: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """(B, N+1) parents -> (B, N+1, N+1) bool, [b, i, j] = node j is node i or an ancestor of it."""
+    B, n = parent.shape
+    anc = torch.eye(n, dtype=torch.bool, device=parent.device).expand(B, n, n).clone()
+    cur = torch.arange(n, device=parent.device).expand(B, n)
+    for _ in range(max_depth):
+        cur = parent.gather(1, cur)
+        anc.scatter_(2, cur.unsqueeze(-1), True)
+    return anc
+
+
+def greedy_accept(tree: Tree, target_tokens: torch.Tensor, max_depth: int):
+    """Longest path whose every node equals the target's argmax at its parent.
+
+    target_tokens (B, N+1): the target's greedy choice after each node. Returns accept_len (B,) (draft
+    tokens accepted, 0..max_depth) and best (B,) the index of the last accepted node (0 = root).
+    """
+    ok = tree.tokens == target_tokens.gather(1, tree.parent)  # (B, N+1) node matches its parent's choice
+    ok[:, 0] = True
+    for _ in range(max_depth):  # a node is accepted only if its whole ancestry is
+        ok = ok & ok.gather(1, tree.parent)
+    # Siblings carry distinct tokens, so at most one node per depth is accepted: the deepest wins.
+    score = torch.where(ok, tree.depth, torch.full_like(tree.depth, -1))
+    best = score.argmax(dim=1)
+    return tree.depth.gather(1, best[:, None]).squeeze(1), best
+
+
+def path_indices(tree: Tree, best: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """Node indices from the root to ``best``: (B, max_depth+1), position j holds the node at depth j,
+    padded past the path's end by repeating ``best`` (callers mask with the accept length)."""
+    B = best.shape[0]
+    cols = [best]
+    for _ in range(max_depth):
+        cols.append(tree.parent.gather(1, cols[-1][:, None]).squeeze(1))
+    up = torch.stack(cols[::-1], dim=1)  # (B, max_depth+1): ..., grandparent, parent, best
+    # Right-align the path at depth(best): the node at depth j sits at column max_depth - depth(best) + j.
+    d = tree.depth.gather(1, best[:, None])  # (B, 1)
+    j = torch.arange(max_depth + 1, device=best.device).expand(B, -1)
+    src = (max_depth - d + j).clamp(max=max_depth)
+    return up.gather(1, src)
