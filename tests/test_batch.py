@@ -1,0 +1,69 @@
+"""Batches: left padding, per-row acceptance, rows finishing at different times."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import eagle_mm as em
+from tests.doubles import ForcedHead
+from tests.tiny import FAMILIES, prompt, tiny_model
+
+LENS = [5, 12, 1, 9]
+
+
+def _batch(lens=LENS):
+    B, L = len(lens), max(lens)
+    ids = torch.zeros(B, L, dtype=torch.long)
+    mask = torch.zeros(B, L, dtype=torch.long)
+    for b, n in enumerate(lens):
+        ids[b, L - n:] = prompt(n, seed=b)[0]
+        mask[b, L - n:] = 1
+    return ids, mask
+
+
+def _forced(model, kind, ids, mask, n_new, error_rate, seed=0):
+    """Per-row greedy references indexed by position, with errors injected."""
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=n_new + 16, do_sample=False)
+    pad = ids.shape[1] - mask.sum(1)
+    by_pos = torch.stack([torch.roll(ref[b], -int(pad[b])) for b in range(ref.shape[0])])
+    g = torch.Generator().manual_seed(seed)
+    wrong = torch.rand(by_pos.shape, generator=g) < error_rate
+    head = em.EagleHead.from_target(model) if kind == "eagle" else em.Eagle3Head.from_target(model)
+    return ForcedHead(head, by_pos, wrong)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_greedy_batch_equals_generate(family):
+    model = tiny_model(family)
+    ids, mask = _batch()
+    n_new = 24
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=n_new, do_sample=False)
+    for kind, rate, tree in [("eagle3", 0.2, em.TreeConfig(depth=4, top_k=3, total_tokens=10)),
+                             ("eagle", 0.35, em.TreeConfig.chain(4))]:
+        head = _forced(model, kind, ids, mask, n_new, rate, seed=len(family))
+        out = em.speculative_generate(model, head, input_ids=ids, attention_mask=mask, max_new_tokens=n_new,
+                                      tree=tree, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref), (family, kind)
+        assert out.stats.mean_accept_length > 1.5
+
+
+@pytest.mark.compat
+def test_rows_finish_at_different_times_like_generate():
+    model = tiny_model("llama")
+    ids, mask = _batch()
+    cont = model.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False)[:, ids.shape[1]:]
+    eos = int(cont[0, 6])  # row 0 stops early; other rows stop whenever they emit it, or at the limit
+    model.generation_config.eos_token_id = eos
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False)
+    head = _forced(model, "eagle3", ids, mask, 30, 0.1)
+    out = em.speculative_generate(model, head, input_ids=ids, attention_mask=mask, max_new_tokens=30,
+                                  tree=em.TreeConfig.chain(5))
+    assert torch.equal(out, ref)
+
+
+def test_random_head_batch_with_default_tree():
+    model = tiny_model("gemma3_text")
+    ids, mask = _batch()
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
+    head = em.Eagle3Head.from_target(model)
+    assert torch.equal(em.speculative_generate(model, head, input_ids=ids, attention_mask=mask, max_new_tokens=16), ref)
