@@ -1,7 +1,8 @@
 """eagle_mm: drop-in EAGLE speculative-decoding draft heads for Hugging Face models."""
 from .config import Eagle3Config, EagleConfig, TreeConfig
-from .generate import SpeculativeOutput, SpeculativeStats, speculative_generate
+from .generate import custom_generate, speculative_generate
 from .heads import Eagle3Head, EagleHead
+from .outputs import SpeculativeOutput, SpeculativeStats
 
 
 def load_head(path, target=None, **kwargs):
@@ -13,6 +14,6 @@ def load_head(path, target=None, **kwargs):
 
 __all__ = [
     "EagleHead", "Eagle3Head", "EagleConfig", "Eagle3Config", "TreeConfig",
-    "speculative_generate", "SpeculativeOutput", "SpeculativeStats", "load_head",
+    "speculative_generate", "custom_generate", "SpeculativeOutput", "SpeculativeStats", "load_head",
 ]
 __version__ = "0.1.0"

@@ -131,7 +131,13 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-_SUBCOMMANDS = (_add_demo,)
+def _add_export(subparsers: argparse._SubParsersAction) -> None:
+    from .export import add_export_parser
+
+    add_export_parser(subparsers)
+
+
+_SUBCOMMANDS = (_add_demo, _add_export)
 
 
 def _build_parser() -> argparse.ArgumentParser:

@@ -140,8 +140,9 @@ class Eagle3Config(_HeadConfigBase):
 
     ``aux_layers`` are HF ``hidden_states`` indices of the target (0 = the input embeddings);
     ``None`` means the default ``(2, N//2, N-3)`` once the target's layer count ``N`` is known.
-    ``eagle_config.eagle_aux_hidden_state_layer_ids`` in a config.json is read as such indices (vLLM's
-    reading); SGLang/SpecForge checkpoints whose ids mean "output of layer i" need ``i + 1``.
+    ``eagle_config.eagle_aux_hidden_state_layer_ids`` in a config.json is read as such indices. SGLang and
+    SpecForge read the same key as "output of layer i" (= index i + 1): ``eagle_mm.export`` converts when
+    writing their layout; docs/serving.md has the table.
     """
 
     draft_vocab_size: int | None = None

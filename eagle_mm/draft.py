@@ -3,6 +3,11 @@
 The head's entry at position t pairs the target feature at t with the token at t+1 and predicts the
 token at t+2. Its KV cache holds one entry per committed target position, with ``pos`` (B, S_h) = -1
 for padding/holes, exactly like the target's slots.
+
+Greedy mode expands each node's top-k children by draft log-prob. Sampling mode draws each node's
+children without replacement from the (warped) draft distribution q and keeps q for verification,
+which accepts them by recursive rejection sampling (``sampling.py``); sibling scores are made
+non-increasing in sample order so the global rerank keeps a prefix of every node's samples.
 """
 from __future__ import annotations
 
@@ -11,9 +16,11 @@ from dataclasses import dataclass
 import torch
 
 from .config import TreeConfig
+from .processing import reads_input_ids
+from .sampling import sample_children, sibling_scores
 from .tree import Tree, select_tree
 
-__all__ = ["HeadCache", "extend_head", "draft_tree"]
+__all__ = ["HeadCache", "DraftSampler", "extend_head", "draft_tree"]
 
 
 @dataclass
@@ -21,6 +28,35 @@ class HeadCache:
     k: torch.Tensor  # (B, nkv, S_h, hd)
     v: torch.Tensor  # (B, nkv, S_h, hd)
     pos: torch.Tensor  # (B, S_h) position of each entry, -1 if unused
+
+
+@dataclass
+class DraftSampler:
+    """Turns draft logits into the proposal distribution q over the target vocabulary."""
+
+    warpers: object  # the input-free part of generate()'s processors (temperature, top-k/p, ...)
+    target_ids: torch.Tensor  # (V_draft,) target id of each draft id
+    vocab_size: int
+    generator: torch.Generator | None
+
+    @classmethod
+    def from_processors(cls, processors, head, generator) -> "DraftSampler":
+        from transformers import LogitsProcessorList
+
+        warpers = LogitsProcessorList([p for p in (processors or []) if not reads_input_ids([p])])
+        vd = head.config.draft_vocab_size if hasattr(head.config, "draft_vocab_size") else head.config.vocab_size
+        ids = head.draft_to_target(torch.arange(vd, device=next(head.parameters()).device))
+        return cls(warpers, ids, head.config.vocab_size, generator)
+
+    def logq(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """(B, M, V_draft) draft logits -> (B, M, V) log q over target ids (-inf outside the draft vocab)."""
+        B, M, vd = draft_logits.shape
+        full = draft_logits.new_full((B, M, self.vocab_size), float("-inf"))
+        full[..., self.target_ids] = draft_logits.float()
+        if self.warpers:
+            dummy = torch.zeros(B * M, 1, dtype=torch.long, device=full.device)
+            full = self.warpers(dummy, full.view(B * M, -1)).view(B, M, -1)
+        return torch.log_softmax(full, dim=-1)
 
 
 def _additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
@@ -55,54 +91,91 @@ def extend_head(head, cache: HeadCache | None, hidden: torch.Tensor, tokens: tor
     return cache, out, logits
 
 
+def _children(head, logits: torch.Tensor, parent_score: torch.Tensor, parent_logp: torch.Tensor, k: int,
+              sampler: DraftSampler | None):
+    """Children of each of M nodes: tokens (B, M, k) target ids, rank scores (B, M, k), path log-probs
+    (B, M, k), and q (B, M, V) in sampling mode (else None)."""
+    if sampler is None:
+        logp, ids = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)
+        path = parent_logp[..., None] + logp
+        return head.draft_to_target(ids), path, path, None
+    logq = sampler.logq(logits)  # (B, M, V)
+    ids, valid = sample_children(logq, k, sampler.generator)  # (B, M, k) in sample order
+    child_logq = logq.gather(-1, ids)
+    scores = sibling_scores(parent_score, parent_logp, child_logq).masked_fill(~valid, float("-inf"))
+    return ids, scores, parent_logp[..., None] + child_logq, logq.exp()
+
+
 def draft_tree(head, cache: HeadCache, root: torch.Tensor, root_out: torch.Tensor, root_logits: torch.Tensor,
-               root_pos: torch.Tensor, tree: TreeConfig) -> Tree:
+               root_pos: torch.Tensor, tree: TreeConfig, sampler: DraftSampler | None = None):
     """Grow a dynamic tree below ``root`` (B,) at positions ``root_pos`` (B,).
 
     root_out (B, H) / root_logits (B, V_draft): the head's output at the entry that pairs the feature
-    before the root with the root. The head's cache is not modified.
+    before the root with the root. The head's cache is not modified. Returns (Tree, q) where q
+    (B, N+1, V) is the proposal distribution each node's children were drawn from (sampling mode;
+    zeros for nodes never expanded), or None in greedy mode.
     """
-    B, k = root.shape[0], tree.top_k
+    B, k, dev = root.shape[0], tree.top_k, root.device
     dtype = next(head.parameters()).dtype
-    logp = torch.log_softmax(root_logits.float(), dim=-1)  # (B, Vd)
-    score, ids = logp.topk(k, dim=-1)  # (B, k)
-    tok = head.draft_to_target(ids)
-    cand_tok, cand_score, cand_parent = [tok], [score], [torch.full_like(ids, -1)]
-    cand_depth = [torch.ones(k, dtype=torch.long, device=root.device)]
-    front_idx = torch.arange(k, device=root.device).expand(B, k)  # candidate ids of the frontier
+    zero = torch.zeros(B, 1, device=dev)
+    tok, score, logp, q = _children(head, root_logits[:, None], zero, zero, k, sampler)
+    tok, score, logp = tok[:, 0], score[:, 0], logp[:, 0]  # (B, k) the depth-1 candidates
+    cand_tok, cand_score, cand_parent = [tok], [score], [torch.full_like(tok, -1)]
+    cand_depth = [torch.ones(k, dtype=torch.long, device=dev)]
+    q_rows = [q[:, 0]] if q is not None else []  # q of each expanded node, root first
+    expanded = [torch.full((B, 1), -1, dtype=torch.long, device=dev)]  # candidate id of each q row
+    front_idx = torch.arange(k, device=dev).expand(B, k)  # candidate ids of the frontier
     front_hidden = root_out[:, None, :].expand(B, k, root_out.shape[-1])
-    front_anc = torch.zeros(B, k, 0, dtype=torch.bool, device=root.device)  # ancestry over tree entries
+    front_anc = torch.zeros(B, k, 0, dtype=torch.bool, device=dev)  # ancestry over tree entries
     tk = tv = None
     n_cand = k
     past_ok = cache.pos >= 0  # (B, S_h)
+    eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
     for d in range(1, tree.depth):
         # Run the head on the frontier (depth-d nodes) to propose depth d+1.
         pos = (root_pos + d - 1)[:, None].expand(B, k)  # a depth-d node pairs with the feature at depth d-1
-        allowed = torch.cat((past_ok[:, None, :].expand(B, k, -1), front_anc,
-                             torch.eye(k, dtype=torch.bool, device=root.device).expand(B, k, k)), dim=-1)
+        allowed = torch.cat((past_ok[:, None, :].expand(B, k, -1), front_anc, eye), dim=-1)
         past = (cache.k, cache.v) if tk is None else (torch.cat((cache.k, tk), 2), torch.cat((cache.v, tv), 2))
         out, logits, (k_new, v_new) = head.step(head.embed(tok), front_hidden, pos, _additive(allowed, dtype), past)
         tk = k_new if tk is None else torch.cat((tk, k_new), 2)
         tv = v_new if tv is None else torch.cat((tv, v_new), 2)
-        child_score, child_ids = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)  # (B, k, k)
-        child_score = child_score + score[:, :, None]
-        cand_tok.append(head.draft_to_target(child_ids).flatten(1))
+        child_tok, child_score, child_logp, q = _children(head, logits, score, logp, k, sampler)  # (B, k, k)
+        if q is not None:
+            q_rows.append(q)  # (B, k, V) one per frontier node
+            expanded.append(front_idx)
+        cand_tok.append(child_tok.flatten(1))
         cand_score.append(child_score.flatten(1))
         cand_parent.append(front_idx[:, :, None].expand(B, k, k).flatten(1))
-        cand_depth.append(torch.full((k * k,), d + 1, dtype=torch.long, device=root.device))
-        # The next frontier: the k best children overall.
-        score, pick = child_score.flatten(1).topk(k, dim=-1)  # (B, k)
+        cand_depth.append(torch.full((k * k,), d + 1, dtype=torch.long, device=dev))
+        # The next frontier: the k best children overall; a stable sort breaks ties by creation order,
+        # which sampling mode's exactness argument relies on (see sampling.py).
+        pick = torch.sort(child_score.flatten(1), dim=-1, descending=True, stable=True).indices[:, :k]  # (B, k)
+        score, logp = child_score.flatten(1).gather(1, pick), child_logp.flatten(1).gather(1, pick)
         par = torch.div(pick, k, rounding_mode="floor")  # frontier slot of each pick's parent
         tok = cand_tok[-1].gather(1, pick)
         front_idx = n_cand + pick
         n_cand += k * k
         front_hidden = out.gather(1, par[:, :, None].expand(-1, -1, out.shape[-1]))
         n_entries = tk.shape[2]
-        own = torch.zeros(B, k, n_entries, dtype=torch.bool, device=root.device)
+        own = torch.zeros(B, k, n_entries, dtype=torch.bool, device=dev)
         own.scatter_(2, (n_entries - k + par)[:, :, None], True)
         front_anc = torch.cat((front_anc.gather(1, par[:, :, None].expand(-1, -1, front_anc.shape[2])),
-                               torch.zeros(B, k, k, dtype=torch.bool, device=root.device)), dim=2) | own
-    return select_tree(
-        root, torch.cat(cand_tok, 1), torch.cat(cand_parent, 1), torch.cat(cand_depth),
-        torch.cat(cand_score, 1), tree.total_tokens,
-    )
+                               torch.zeros(B, k, k, dtype=torch.bool, device=dev)), dim=2) | own
+    result = select_tree(root, torch.cat(cand_tok, 1), torch.cat(cand_parent, 1), torch.cat(cand_depth),
+                         torch.cat(cand_score, 1), tree.total_tokens)
+    if sampler is None:
+        return result, None
+    return result, _node_q(result, q_rows, expanded, n_cand)
+
+
+def _node_q(tree: Tree, q_rows: list, expanded: list, n_cand: int) -> torch.Tensor:
+    """(B, N+1, V): the proposal distribution of each tree node (zeros if it was never expanded)."""
+    first = q_rows[0][:, None]  # (B, 1, V) the root's
+    q_all = torch.cat([first] + q_rows[1:], dim=1)  # (B, E, V) one row per expanded node
+    q_all = torch.cat((q_all, torch.zeros_like(q_all[:, :1])), dim=1)  # a zero row for "not expanded"
+    B, E = q_all.shape[0], q_all.shape[1] - 1
+    slot = torch.full((B, n_cand + 1), E, dtype=torch.long, device=q_all.device)  # cand id + 1 -> q row
+    ids = torch.cat(expanded, dim=1) + 1  # (B, E): root is candidate -1 -> 0
+    slot.scatter_(1, ids, torch.arange(E, device=q_all.device).expand(B, E))
+    rows = slot.gather(1, tree.source + 1)  # (B, N+1)
+    return q_all.gather(1, rows[:, :, None].expand(-1, -1, q_all.shape[-1]))

@@ -1,100 +1,82 @@
-"""Turning ``generate``-style keyword arguments into one validated ``GenerationConfig``.
+"""Checks on what ``generate`` prepared for our loop: every option takes effect or raises.
 
-Every option either takes effect or raises: nothing ``generate`` accepts is silently ignored.
+HF's ``generate`` merges kwargs into the generation config, builds logits processors and stopping
+criteria, and prepares model inputs; the options below are the ones our loop cannot honour.
 """
 from __future__ import annotations
 
-import copy
-import logging
+import torch
 
-from transformers import GenerationConfig
+__all__ = ["check_generation_config", "split_model_inputs", "pad_id"]
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["resolve_generation_config", "MODEL_INPUTS"]
-
-# Model inputs (besides input_ids / attention_mask) the loop knows how to pass to the target's prefill.
-MODEL_INPUTS: tuple[str, ...] = ()
-
-# Generation options that must stay at their default value (name -> default, reason).
+# Generation options that must stay at their default (name -> default, reason).
 _UNSUPPORTED = {
     "num_beams": (1, "beam search is not speculative decoding"),
     "num_beam_groups": (1, "beam search is not speculative decoding"),
-    "num_return_sequences": (1, "repeat the prompt in the batch instead"),
     "penalty_alpha": (None, "contrastive search is not supported"),
-    "do_sample": (False, "sampling arrives with exact tree rejection sampling"),
+    "dola_layers": (None, "DoLa decoding is not supported"),
     "output_scores": (False, "per-step scores are not returned"),
     "output_logits": (False, "per-step logits are not returned"),
     "output_attentions": (False, "attentions are not returned"),
     "output_hidden_states": (False, "hidden states are not returned"),
-    "repetition_penalty": (1.0, "logits processors are not applied yet"),
-    "no_repeat_ngram_size": (0, "logits processors are not applied yet"),
-    "encoder_no_repeat_ngram_size": (0, "logits processors are not applied yet"),
-    "bad_words_ids": (None, "logits processors are not applied yet"),
-    "force_words_ids": (None, "constrained decoding is not supported"),
-    "min_length": (0, "logits processors are not applied yet"),
-    "min_new_tokens": (None, "logits processors are not applied yet"),
-    "suppress_tokens": (None, "logits processors are not applied yet"),
-    "begin_suppress_tokens": (None, "logits processors are not applied yet"),
-    "sequence_bias": (None, "logits processors are not applied yet"),
-    "forced_bos_token_id": (None, "logits processors are not applied yet"),
-    "forced_eos_token_id": (None, "logits processors are not applied yet"),
-    "guidance_scale": (None, "classifier-free guidance is not supported"),
-    "stop_strings": (None, "stop strings are not supported yet"),
-    "max_time": (None, "max_time is not supported"),
+    "guidance_scale": (None, "classifier-free guidance runs extra target forwards"),
     "prompt_lookup_num_tokens": (None, "another speculative method; use one at a time"),
     "assistant_early_exit": (None, "another speculative method; use one at a time"),
     "cache_implementation": (None, "the loop manages the target's cache itself"),
-    "use_cache": (True, "speculative decoding needs the KV cache"),
-    "watermarking_config": (None, "watermarking is not supported"),
-    "renormalize_logits": (False, "logits processors are not applied yet"),
-    "exponential_decay_length_penalty": (None, "logits processors are not applied yet"),
+    "low_memory": (None, "not applicable"),
 }
 
-# Keyword arguments of generate() that are not GenerationConfig fields.
-_UNSUPPORTED_KWARGS = (
-    "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "synced_gpus", "assistant_model",
-    "streamer", "negative_prompt_ids", "negative_prompt_attention_mask", "custom_generate", "past_key_values",
-    "cache", "inputs_embeds", "tokenizer", "assistant_tokenizer",
-)
+# Model inputs HF prepares that the loop handles itself; anything else is refused by name.
+_HANDLED_INPUTS = ("attention_mask", "position_ids", "use_cache", "cache", "past_key_values", "logits_to_keep",
+                   "cache_position")
 
 
-def resolve_generation_config(model, generation_config: GenerationConfig | None, kwargs: dict):
-    """Merge ``model.generation_config``, ``generation_config`` and kwargs like ``generate`` does.
-
-    Returns (config, model_kwargs): the kwargs that are not generation options (model inputs).
-    """
-    for name in _UNSUPPORTED_KWARGS:
-        if kwargs.get(name) is not None:
-            raise ValueError(f"speculative_generate does not support the generate() argument {name!r} yet")
-    base = generation_config if generation_config is not None else getattr(model, "generation_config", None)
-    gen = copy.deepcopy(base) if base is not None else GenerationConfig()
-    model_kwargs = gen.update(**kwargs)
-    unknown = [k for k in model_kwargs if k not in MODEL_INPUTS]
-    if unknown:
-        raise ValueError(f"speculative_generate got unsupported keyword argument(s) {unknown}")
+def check_generation_config(gen) -> None:
     for name, (default, why) in _UNSUPPORTED.items():
-        value = getattr(gen, name, default)
-        if name == "do_sample" and value:
-            raise NotImplementedError("do_sample=True is not supported yet: " + why)
-        if name == "use_cache" and value is False:
-            raise ValueError("use_cache=False is not supported: " + why)
-        if name not in ("do_sample", "use_cache") and value is not None and value != default and not (
-            isinstance(value, (list, dict, tuple)) and not value
-        ):
+        value = getattr(gen, name, None)
+        harmless = value is None or value == default or (name == "guidance_scale" and value == 1.0)
+        if not harmless and not (isinstance(value, (list, tuple, dict)) and not value):
             raise ValueError(f"generation option {name}={value!r} is not supported: {why}")
-    return gen, model_kwargs
+    if gen.use_cache is False:
+        raise ValueError("use_cache=False is not supported: speculative decoding needs the KV cache")
+    if (gen.num_return_sequences or 1) > 1 and not gen.do_sample:
+        raise ValueError(f"num_return_sequences={gen.num_return_sequences} needs do_sample=True")
 
 
-def eos_ids(gen: GenerationConfig) -> list[int]:
-    eos = gen.eos_token_id
-    if eos is None:
-        return []
-    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+def split_model_inputs(input_ids: torch.Tensor, model_kwargs: dict):
+    """The prompt's attention mask and positions from what generate() prepared; refuse other inputs."""
+    if input_ids is None or input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be a non-empty (batch, length) tensor, got "
+                         f"{None if input_ids is None else tuple(input_ids.shape)}")
+    cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+    if cache is not None and cache.get_seq_length() > 0:
+        raise ValueError("continuing from a filled cache (past_key_values/cache) is not supported")
+    extra = sorted(k for k, v in model_kwargs.items() if k not in _HANDLED_INPUTS and v is not None)
+    if extra:
+        raise ValueError(f"speculative_generate does not support the model input(s) {extra}")
+    mask = model_kwargs.get("attention_mask")
+    if mask is None:
+        mask = torch.ones_like(input_ids)
+    if mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask shape {tuple(mask.shape)} != input_ids shape {tuple(input_ids.shape)}")
+    if bool((mask[:, -1] == 0).any()):
+        raise ValueError("right-padded batch: the last column of attention_mask has zeros; pad on the left "
+                         "(tokenizer.padding_side = 'left')")
+    given = model_kwargs.get("position_ids")
+    if given is not None and tuple(given.shape[-2:]) != tuple(input_ids.shape):
+        raise ValueError(f"position_ids shape {tuple(given.shape)} != input_ids shape {tuple(input_ids.shape)}")
+    # generate()'s positions: count real tokens; padding positions never matter (masked).
+    pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return mask, pos
 
 
-def pad_id(gen: GenerationConfig) -> int:
+def pad_id(gen) -> int:
+    """The token generate() writes after a row has finished."""
+    pad = getattr(gen, "_pad_token_tensor", None)
+    if pad is not None:
+        return int(pad.flatten()[0])
     if gen.pad_token_id is not None:
         return int(gen.pad_token_id)
-    eos = eos_ids(gen)
-    return eos[0] if eos else 0
+    eos = gen.eos_token_id
+    eos = eos[0] if isinstance(eos, (list, tuple)) else eos
+    return int(eos) if eos is not None else 0

@@ -18,7 +18,7 @@ class Tree:
     tokens: torch.Tensor  # (B, N+1) target token ids, root first
     parent: torch.Tensor  # (B, N+1) index of each node's parent (root points to itself)
     depth: torch.Tensor  # (B, N+1) 0 for the root
-    draft_logp: torch.Tensor | None = None  # (B, N+1) log-prob of each node under the draft (root: 0)
+    source: torch.Tensor | None = None  # (B, N+1) candidate index each node came from (root: -1)
 
     @property
     def size(self) -> int:
@@ -51,6 +51,7 @@ def select_tree(root: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor, 
         tokens=torch.cat((root.view(B, 1), tokens.gather(1, keep)), 1),
         parent=torch.cat((zero, kept_parent), 1),
         depth=torch.cat((zero, depth.gather(1, keep)), 1),
+        source=torch.cat((zero - 1, keep), 1),
     )
 
 

@@ -78,8 +78,18 @@ class DraftHead(nn.Module):
             raise ValueError(f"{path} holds a {type(head).__name__} checkpoint, not a {cls.__name__}")
         return head
 
-    def save_pretrained(self, path, **kwargs) -> None:
-        """Write config.json and model.safetensors with the head's own weights only."""
+    def save_pretrained(self, path, *, layout: str = "eagle", **kwargs) -> None:
+        """Write config.json and model.safetensors with the head's own weights only.
+
+        layout: "eagle" (official EAGLE), "vllm" or "sglang" (what that engine loads; see docs/serving.md).
+        """
+        if layout != "eagle":
+            from ..export import export_head
+
+            if kwargs:
+                raise TypeError(f"save_pretrained(layout={layout!r}) takes no options {sorted(kwargs)}")
+            export_head(self, path, layout)
+            return
         from .io import save_head
 
         save_head(self, path, **kwargs)

@@ -1,0 +1,54 @@
+"""What speculative_generate returns with ``return_dict_in_generate=True``."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["SpeculativeOutput", "SpeculativeStats"]
+
+
+@dataclass
+class SpeculativeStats:
+    """Acceptance statistics of one call; acceptance counts are before any stopping truncation."""
+
+    num_target_forwards: int = 0  # verify forwards (the prefill is not counted)
+    num_drafts: int = 0  # (row, cycle) pairs drafted
+    num_draft_tokens: int = 0  # draft nodes sent to verification, over all rows
+    accept_counts: list[int] = field(default_factory=list)  # [i]: drafts whose accepted length >= i+1
+    accepted_tokens: int = 0  # tokens gained from verify forwards (accepted + bonus)
+    time_draft: float = 0.0  # seconds growing trees (head forwards)
+    time_verify: float = 0.0  # seconds in target verify forwards and acceptance
+    time_other: float = 0.0  # prefill and bookkeeping (cache update, head update, stopping)
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Tokens per target forward and row, the bonus token included."""
+        return self.accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    @property
+    def accept_rate_per_position(self) -> list[float]:
+        """[i]: fraction of drafts whose first i+1 draft tokens were all accepted (vLLM's "acceptance at token i")."""
+        return [c / self.num_drafts if self.num_drafts else 0.0 for c in self.accept_counts]
+
+    @property
+    def wall_time(self) -> float:
+        return self.time_draft + self.time_verify + self.time_other
+
+    def as_dict(self) -> dict:
+        return {
+            "mean_accept_length": self.mean_accept_length,
+            "accept_rate_per_position": self.accept_rate_per_position,
+            "num_target_forwards": self.num_target_forwards,
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "time_draft": self.time_draft,
+            "time_verify": self.time_verify,
+            "time_other": self.time_other,
+        }
+
+
+@dataclass
+class SpeculativeOutput:
+    sequences: torch.Tensor  # (B, L + generated), padded like generate()'s
+    stats: SpeculativeStats

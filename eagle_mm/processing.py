@@ -1,0 +1,64 @@
+"""The target's logits processors (HF's own, as ``generate`` builds them) applied at tree nodes.
+
+The distribution after a tree node depends on the path to it, so processors that read ``input_ids``
+(repetition penalty, n-gram bans, min length, ...) see the row's sequence plus the node's path.
+Processors that ignore ``input_ids`` (temperature, top-k/p, min-p, ...) run once on all nodes.
+"""
+from __future__ import annotations
+
+import torch
+from transformers.generation import logits_process as lp
+
+__all__ = ["process_tree_logits", "reads_input_ids", "node_paths"]
+
+_INPUT_FREE = tuple(
+    getattr(lp, name)
+    for name in ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
+                 "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper",
+                 "SuppressTokensLogitsProcessor", "InfNanRemoveLogitsProcessor", "LogitNormalization")
+    if hasattr(lp, name)
+)
+
+
+def reads_input_ids(processors) -> bool:
+    """Whether any processor's output may depend on the sequence so far."""
+    return any(not isinstance(p, _INPUT_FREE) for p in (processors or []))
+
+
+def node_paths(parent: torch.Tensor, depth: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """(B, N+1) tree -> (B, N+1, max_depth+1): [b, i, j] = the node at depth j on node i's path (j <= depth)."""
+    B, n = parent.shape
+    cols = [torch.arange(n, device=parent.device).expand(B, n)]
+    for _ in range(max_depth):
+        cols.append(parent.gather(1, cols[-1]))
+    up = torch.stack(cols[::-1], dim=2)  # (B, N+1, D+1): column D - i holds the i-th ancestor
+    j = torch.arange(max_depth + 1, device=parent.device)
+    src = (max_depth - depth[:, :, None] + j).clamp(max=max_depth)
+    return up.gather(2, src)
+
+
+def process_tree_logits(processors, rows: list[torch.Tensor], tree, logits: torch.Tensor,
+                        max_depth: int) -> torch.Tensor:
+    """Processed fp32 scores (B, N+1, V) of the target's logits at every tree node.
+
+    rows[b]: row b's sequence so far (1-D, the root included), as ``generate`` would pass it.
+    """
+    scores = logits.float()
+    if not processors:
+        return scores
+    B, n, V = scores.shape
+    if not reads_input_ids(processors):
+        dummy = torch.zeros(B * n, 1, dtype=torch.long, device=scores.device)
+        return processors(dummy, scores.reshape(B * n, V)).reshape(B, n, V)
+    paths = tree.tokens.gather(1, node_paths(tree.parent, tree.depth, max_depth).flatten(1)).view(B, n, -1)
+    depth = tree.depth.cpu()  # the slow path groups nodes by depth on the host
+    out = torch.empty_like(scores)
+    for b in range(B):
+        for d in range(int(depth[b].max()) + 1):
+            nodes = (depth[b] == d).nonzero().flatten().to(scores.device)
+            if nodes.numel() == 0:
+                continue
+            prefix = rows[b].to(scores.device).expand(nodes.numel(), -1)
+            seqs = torch.cat((prefix, paths[b, nodes, 1: d + 1]), dim=1)  # (n_d, L_b + d)
+            out[b, nodes] = processors(seqs, scores[b, nodes])
+    return out
