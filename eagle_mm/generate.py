@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 
 import torch
+from transformers import StoppingCriteriaList
+from transformers.generation.stopping_criteria import StopStringCriteria
 
 from .arch import resolve_target
 from .cache import CacheSnapshot, SlotBook, build_masks, keep_path, layer_kinds
@@ -25,7 +27,8 @@ from .options import check_generation_config, pad_id, split_model_inputs
 from .outputs import SpeculativeOutput, SpeculativeStats
 from .processing import process_tree_logits, reads_input_ids
 from .sampling import tree_rejection_sample
-from .tree import ancestors, greedy_accept, path_indices
+from .kernels import verify_greedy
+from .tree import ancestors, path_indices
 
 logger = logging.getLogger(__name__)
 
@@ -63,13 +66,37 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | None = 
         raise ValueError("speculative_generate sets custom_generate itself; do not pass it")
     _check_prompt(inputs if inputs is not None else kwargs.get("input_ids"), kwargs.get("attention_mask"))
     _check_attention(model)
+    # generate() hands a custom_generate callable neither the streamer nor the tokenizer: pass the
+    # streamer under our own name and turn stop strings into a stopping criterion here.
+    streamer = kwargs.pop("streamer", None)
+    _stop_strings_to_criteria(model, kwargs)
     return model.generate(inputs, custom_generate=custom_generate, head=head, tree=tree, generator=generator,
-                          **kwargs)
+                          eagle_streamer=streamer, **kwargs)
+
+
+def _stop_strings_to_criteria(model, kwargs: dict) -> None:
+    tokenizer = kwargs.pop("tokenizer", None)
+    config = kwargs.get("generation_config") or model.generation_config
+    stop = kwargs.get("stop_strings", getattr(config, "stop_strings", None))
+    if not stop:
+        return
+    if tokenizer is None:
+        raise ValueError(f"stop_strings={stop!r} needs the tokenizer: pass tokenizer=... as to generate()")
+    criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
+    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop))
+    kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
 
 
 def custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
-                    streamer=None, head=None, tree=None, generator=None, **model_kwargs):
-    """The speculative loop in the signature of transformers' ``custom_generate`` callables."""
+                    streamer=None, head=None, tree=None, generator=None, eagle_streamer=None, **model_kwargs):
+    """The speculative loop in the signature of transformers' ``custom_generate`` callables.
+
+    ``model.generate(..., custom_generate=eagle_mm.custom_generate, head=head)`` runs it. transformers
+    does not pass ``streamer`` to such callables: stream with ``eagle_streamer=`` on that route.
+    """
+    if eagle_streamer is not None:
+        streamer = eagle_streamer
+        streamer.put(input_ids.cpu())
     if head is None:
         raise ValueError("custom_generate needs a draft head: model.generate(..., custom_generate=..., head=head)")
     tree = tree if tree is not None else TreeConfig()
@@ -181,15 +208,16 @@ def _cycle(model, head, cap, state: DecodeState, kinds, tree_cfg: TreeConfig, ge
                 **{cache_kwarg(model): state.cache}, use_cache=True)
     feats = cap.features()  # (B, N+1, F)
     rows = [state.row(b) for b in range(len(state.prompt))] if reads_input_ids(processors) else []
-    scores = process_tree_logits(processors, rows, tree, out.logits, D)  # (B, N+1, V) fp32
     if sampler is None:
-        target_next = scores.argmax(-1)  # (B, N+1) the target's choice after each node
-        accept_len, best = greedy_accept(tree, target_next, D)
-        bonus = target_next.gather(1, best[:, None])  # (B, 1)
+        # Greedy: argmax at every node, matched against each child (fused Triton kernel on CUDA).
+        logits = process_tree_logits(processors, rows, tree, out.logits, D) if processors else out.logits
+        accept_len, best, bonus, path = verify_greedy(logits, tree.tokens, tree.parent, tree.depth, D,
+                                                      with_path=True)
     else:
+        scores = process_tree_logits(processors, rows, tree, out.logits, D)  # (B, N+1, V) fp32
         accept_len, best, bonus = tree_rejection_sample(tree, torch.softmax(scores, -1), q_nodes, generator)
-        bonus = bonus[:, None]
-    path = path_indices(tree, best, D)  # (B, D+1)
+        path = path_indices(tree, best, D)  # (B, D+1)
+    bonus = bonus[:, None]  # (B, 1)
     # New tokens per row: path nodes 1..a, then the bonus at column a.
     j = torch.arange(D + 1, device=path.device)[None]
     path_next = torch.cat((tree.tokens.gather(1, path[:, 1:]), bonus), 1)  # (B, D+1)

@@ -42,9 +42,8 @@ def select_tree(root: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor, 
     remap = torch.full((B, M + 1), -1, dtype=torch.long, device=tokens.device)
     remap[:, 0] = 0  # candidate parent -1 (shifted to 0) is the root
     remap.scatter_(1, keep + 1, torch.arange(1, total + 1, device=tokens.device).expand(B, -1))
+    # Never -1: a child's score never exceeds its parent's (tests/test_tree.py checks connectivity).
     kept_parent = remap.gather(1, parent.gather(1, keep) + 1)
-    if bool((kept_parent < 0).any()):  # unreachable when scores are cumulative log-probs
-        raise ValueError("select_tree: a kept node's parent was dropped; scores must not increase with depth")
     depth = depth.expand(B, M) if depth.dim() == 1 else depth
     zero = torch.zeros(B, 1, dtype=torch.long, device=tokens.device)
     return Tree(

@@ -133,14 +133,14 @@ def test_select_tree_chain():
     assert tree.depth.tolist() == [[0, 1, 2, 3, 4]] * 2
 
 
-def test_select_tree_rejects_bad_total_and_increasing_scores():
+def test_select_tree_rejects_bad_total():
     tok, par, dep = torch.tensor([[1, 2]]), torch.tensor([[-1, 0]]), torch.tensor([1, 2])
     with pytest.raises(ValueError, match="total=3"):
         select_tree(torch.tensor([0]), tok, par, dep, torch.tensor([[-1.0, -2.0]]), 3)
     with pytest.raises(ValueError, match="total=0"):
         select_tree(torch.tensor([0]), tok, par, dep, torch.tensor([[-1.0, -2.0]]), 0)
-    with pytest.raises(ValueError, match="parent was dropped"):
-        select_tree(torch.tensor([0]), tok, par, dep, torch.tensor([[-2.0, -1.0]]), 1)
+    # Scores that increase with depth break the caller's contract; select_tree does not check it on the
+    # hot path (it would cost a host sync), the draft's scores guarantee it.
 
 
 # ---- ancestors -------------------------------------------------------------------------------------

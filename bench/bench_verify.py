@@ -1,0 +1,173 @@
+"""Benchmark fused greedy tree verification on a CUDA GPU.
+
+For each tree size N and vocabulary V (bf16 logits (B, N+1, V)) it times the Triton kernel, the torch
+reference (argmax + greedy_accept + path_indices), torch.argmax alone, and the memory floor: the bytes
+of logits read once over the device's measured copy bandwidth. Two timings per function:
+  gpu: CUDA-graph replay of calls over rotating copies of the inputs (more bytes than the L2 holds),
+       so no launch overhead and no L2 reuse: the device time.
+  eager: wall clock per call over back-to-back calls: what an un-graphed decode loop pays (host included).
+Prints a markdown table; --out writes JSON. Run from the repository root with the package importable
+(pip install -e . or PYTHONPATH=.):
+
+    python bench/bench_verify.py --out verify.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, nargs="+", default=[16, 64, 128], help="draft nodes N (the tree has N+1)")
+    p.add_argument("--vocab", type=int, nargs="+", default=[32000, 128256, 152064])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--depth", type=int, default=8, help="max tree depth D")
+    p.add_argument("--tilings", action="store_true", help="also time block_v x num_warps x programs/SM variants")
+    p.add_argument("--out", help="write the results as JSON here")
+    return p.parse_args(argv)
+
+
+def make_tree(B: int, n: int, V: int, max_depth: int, gen: torch.Generator):
+    """Random tree of n nodes (root included), depth <= max_depth, with one planted accepted path."""
+    parent = torch.zeros(B, n, dtype=torch.long)
+    depth = torch.zeros(B, n, dtype=torch.long)
+    for b in range(B):
+        for i in range(1, n):
+            ok = (depth[b, :i] < max_depth).nonzero().flatten()
+            p = ok[torch.randint(max(0, len(ok) - 4), len(ok), (1,), generator=gen)].item()
+            parent[b, i], depth[b, i] = p, depth[b, p] + 1
+    tokens = torch.randint(0, V, (B, n), generator=gen)
+    logits = torch.randn(B, n, V, generator=gen)
+    for b in range(B):
+        node = n - 1
+        while node != 0:
+            logits[b, parent[b, node], tokens[b, node]] = 10.0
+            node = parent[b, node].item()
+    return logits.to(torch.bfloat16), tokens, parent, depth
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write), from 2 GiB copies."""
+    src = torch.empty(2**30, dtype=torch.int16, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    return 10 * 2 * src.numel() * src.element_size() / (start.elapsed_time(end) * 1e-3)
+
+
+def gpu_us(fn, inputs: list, replays: int = 20) -> float:
+    """Device time per call: one CUDA graph calls fn on each input set in turn, replayed ``replays`` times."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for args in inputs[:2]:  # warm up (compile, allocator) outside the capture
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for args in inputs:
+            fn(*args)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * len(inputs))
+
+
+def eager_us(fn, args, calls: int = 200) -> float:
+    """Wall clock per call, back to back, one sync at the end: host launch cost included."""
+    for _ in range(10):
+        fn(*args)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn(*args)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e6 / calls
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_verify.py needs a CUDA GPU (torch.cuda.is_available() is False); nothing to time.",
+              file=sys.stderr)
+        return 2
+    import triton
+
+    from eagle_mm.kernels.reference import verify_greedy_reference
+    from eagle_mm.kernels.verify_greedy import verify_greedy_triton
+
+    bw = copy_bandwidth()
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
+    gen = torch.Generator().manual_seed(0)
+    D = args.depth
+    rows = []
+    for N in args.nodes:
+        for V in args.vocab:
+            case = tuple(t.cuda() for t in make_tree(args.batch, N + 1, V, D, gen))
+            logits = case[0]
+            copies = max(2, -(-4 * l2 // (logits.numel() * logits.element_size())))  # >= 4x the L2 in all
+            inputs = [(logits.clone(), *case[1:]) for _ in range(copies)]
+            got = verify_greedy_triton(*case, D, with_path=True)
+            want = verify_greedy_reference(*case, D, with_path=True)
+            exact = all(torch.equal(g, w) for g, w in zip(got, want))
+
+            def triton_fn(*a, **kw):
+                return verify_greedy_triton(*a, D, with_path=True, **kw)
+
+            def ref_fn(*a):
+                return verify_greedy_reference(*a, D, with_path=True)
+
+            def argmax_fn(lg, *_):
+                return lg.argmax(-1)
+
+            row = {"B": args.batch, "N": N, "V": V, "D": D, "bit_exact": exact, "accept_len": got[0].tolist(),
+                   "floor_us": logits.numel() * logits.element_size() / bw * 1e6}
+            for name, fn in (("triton", triton_fn), ("torch_ref", ref_fn), ("argmax", argmax_fn)):
+                row[f"{name}_gpu_us"] = gpu_us(fn, inputs)
+                row[f"{name}_eager_us"] = eager_us(fn, case)
+            if args.tilings:
+                row["tilings_gpu_us"] = {
+                    f"block_v={bv},warps={w},programs_per_sm={p}": gpu_us(
+                        lambda *a, bv=bv, w=w, p=p: triton_fn(*a, block_v=bv, num_warps=w, programs_per_sm=p), inputs)
+                    for bv in (1024, 2048, 4096) for w in (4, 8) for p in (1, 2, 4, 8, 16)
+                }
+            del inputs
+            rows.append(row)
+            print(f"N={N} V={V}: triton {row['triton_gpu_us']:.1f} us gpu / {row['triton_eager_us']:.1f} us eager, "
+                  f"reference {row['torch_ref_gpu_us']:.1f} / {row['torch_ref_eager_us']:.1f}", file=sys.stderr)
+
+    props = torch.cuda.get_device_properties(0)
+    print(f"\n{props.name}, copy bandwidth {bw / 1e9:.0f} GB/s, B={args.batch}, D={D}, bf16 logits; "
+          "gpu = CUDA-graph replay over rotating inputs, eager = wall clock per call\n")
+    print("| N | V | floor us | triton gpu us | x floor | triton eager us | torch ref gpu us | torch ref eager us "
+          "| argmax gpu us | argmax eager us | exact |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['N']} | {r['V']} | {r['floor_us']:.1f} | {r['triton_gpu_us']:.1f} "
+              f"| {r['triton_gpu_us'] / r['floor_us']:.2f} | {r['triton_eager_us']:.1f} | {r['torch_ref_gpu_us']:.1f} "
+              f"| {r['torch_ref_eager_us']:.1f} | {r['argmax_gpu_us']:.1f} | {r['argmax_eager_us']:.1f} "
+              f"| {r['bit_exact']} |")
+    if args.out:
+        meta = {"device": props.name, "copy_bandwidth_GBps": bw / 1e9, "torch": torch.__version__,
+                "triton": triton.__version__}
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return 0 if all(r["bit_exact"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

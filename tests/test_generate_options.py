@@ -1,0 +1,166 @@
+"""generate() options through speculative_generate: stopping, streaming, processors, the HF entry point."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+from transformers.generation.streamers import BaseStreamer
+
+import eagle_mm as em
+from tests.doubles import ForcedHead
+from tests.tiny import V, prompt, tiny_model
+
+
+def _tokenizer():
+    vocab = {f"w{i}": i for i in range(V)}
+    vocab["."] = vocab.pop("w0")
+    vocab["abcdef"] = vocab.pop("w1")  # StopStringCriteria tokenizes this prefix to clean the vocab
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="."))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=".", pad_token=".")
+
+
+def _forced(model, ids, n_new, rate=0.1):
+    ref = model.generate(ids, max_new_tokens=n_new + 16, do_sample=False)[0]
+    wrong = torch.rand(ref.numel(), generator=torch.Generator().manual_seed(1)) < rate
+    return ForcedHead(em.Eagle3Head.from_target(model), ref, wrong)
+
+
+CHAIN = em.TreeConfig.chain(5)
+
+
+class _Recorder(BaseStreamer):
+    def __init__(self):
+        self.puts, self.ended = [], False
+
+    def put(self, value):
+        self.puts.append(value.tolist())
+
+    def end(self):
+        self.ended = True
+
+
+@pytest.mark.compat
+def test_streamer_receives_prompt_then_accepted_tokens():
+    model = tiny_model("llama")
+    ids = prompt(6)
+    head = _forced(model, ids, 20)
+    rec = _Recorder()
+    out = em.speculative_generate(model, head, input_ids=ids, max_new_tokens=20, tree=CHAIN, streamer=rec)
+    assert rec.ended and rec.puts[0] == ids.tolist()
+    streamed = [t for chunk in rec.puts[1:] for t in chunk]
+    assert streamed == out[0, ids.shape[1]:].tolist()
+    assert max(len(c) for c in rec.puts[1:]) > 1  # several tokens per accepted path
+
+
+def test_text_iterator_streamer_yields_final_text():
+    model, tok = tiny_model("qwen2"), _tokenizer()
+    ids = prompt(6)
+    streamer = TextIteratorStreamer(tok, skip_prompt=True)
+    out = em.speculative_generate(model, _forced(model, ids, 15), input_ids=ids, max_new_tokens=15, tree=CHAIN,
+                                  streamer=streamer)
+    text = "".join(streamer)
+    assert text.split() == tok.decode(out[0, ids.shape[1]:]).split()
+
+
+def _first_new(cont, start=4):
+    return next(i for i in range(start, len(cont)) if int(cont[i]) not in cont[:i].tolist())
+
+
+@pytest.mark.compat
+def test_stop_strings_stop_where_generate_stops():
+    model, tok = tiny_model("llama"), _tokenizer()
+    ids = prompt(6)
+    cont = model.generate(ids, max_new_tokens=30, do_sample=False)[0, ids.shape[1]:]
+    stop = tok.convert_ids_to_tokens(int(cont[_first_new(cont)]))
+    ref = model.generate(ids, max_new_tokens=30, do_sample=False, stop_strings=[stop], tokenizer=tok)
+    assert ref.shape[1] < ids.shape[1] + 30
+    out = em.speculative_generate(model, _forced(model, ids, 30), input_ids=ids, max_new_tokens=30, tree=CHAIN,
+                                  stop_strings=[stop], tokenizer=tok)
+    assert torch.equal(out, ref)
+
+
+class _StopAfterToken(StoppingCriteria):
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_user_stopping_criteria_and_max_length():
+    model = tiny_model("mistral")
+    ids = prompt(7)
+    cont = model.generate(ids, max_new_tokens=30, do_sample=False)[0, ids.shape[1]:]
+    crit = StoppingCriteriaList([_StopAfterToken(int(cont[_first_new(cont, 6)]))])
+    ref = model.generate(ids, max_new_tokens=30, do_sample=False, stopping_criteria=crit)
+    out = em.speculative_generate(model, _forced(model, ids, 30), input_ids=ids, max_new_tokens=30, tree=CHAIN,
+                                  stopping_criteria=crit)
+    assert torch.equal(out, ref)
+    ref = model.generate(ids, max_length=19, do_sample=False)
+    out = em.speculative_generate(model, _forced(model, ids, 30), input_ids=ids, max_length=19, tree=CHAIN)
+    assert torch.equal(out, ref) and out.shape[1] == 19
+
+
+@pytest.mark.parametrize("opts", [dict(repetition_penalty=1.5), dict(no_repeat_ngram_size=2),
+                                  dict(min_new_tokens=5, eos_token_id=3), dict(suppress_tokens=[5, 7])])
+def test_logits_processors_apply_at_every_node(opts):
+    """Greedy with processors that read the sequence: every tree node sees its own path."""
+    model = tiny_model("llama")
+    ids = prompt(8, batch=2)
+    ref = model.generate(ids, max_new_tokens=20, do_sample=False, **opts)
+    head = em.Eagle3Head.from_target(model)
+    for tree in (CHAIN, em.TreeConfig(depth=3, top_k=3, total_tokens=8)):
+        out = em.speculative_generate(model, head, input_ids=ids, max_new_tokens=20, tree=tree, **opts)
+        assert torch.equal(out, ref), (opts, tree)
+
+
+@pytest.mark.compat
+def test_reachable_from_generate_with_custom_generate():
+    model = tiny_model("llama")
+    ids = prompt(6)
+    head = _forced(model, ids, 16)
+    ref = model.generate(ids, max_new_tokens=16, do_sample=False)
+    out = model.generate(ids, max_new_tokens=16, do_sample=False, custom_generate=em.custom_generate, head=head,
+                         tree=CHAIN, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.mean_accept_length > 2
+
+
+def test_stats_report_timing_split_and_counts():
+    model = tiny_model("llama")
+    ids = prompt(6)
+    out = em.speculative_generate(model, _forced(model, ids, 24), input_ids=ids, max_new_tokens=24, tree=CHAIN,
+                                  return_dict_in_generate=True)
+    st = out.stats
+    assert st.num_drafts == st.num_target_forwards and st.num_draft_tokens == 5 * st.num_drafts
+    assert len(st.accept_rate_per_position) == 5
+    assert all(a >= b for a, b in zip(st.accept_rate_per_position, st.accept_rate_per_position[1:]))
+    assert st.time_draft > 0 and st.time_verify > 0 and st.time_other > 0
+    assert set(st.as_dict()) >= {"mean_accept_length", "accept_rate_per_position", "num_target_forwards"}
+
+
+@pytest.mark.parametrize("opts,match", [
+    (dict(num_beams=2), "num_beams"),
+    (dict(num_return_sequences=2), "num_return_sequences"),
+    (dict(output_scores=True, return_dict_in_generate=True), "output_scores"),
+    (dict(penalty_alpha=0.5, top_k=4), "penalty_alpha"),
+    (dict(use_cache=False), "use_cache"),
+    (dict(prompt_lookup_num_tokens=3), "prompt_lookup_num_tokens"),
+    (dict(guidance_scale=2.0), "guidance_scale"),
+])
+def test_unsupported_options_raise_by_name(opts, match):
+    model = tiny_model("llama")
+    head = em.Eagle3Head.from_target(model)
+    with pytest.raises(ValueError, match=match):
+        em.speculative_generate(model, head, input_ids=prompt(5), max_new_tokens=4, **opts)
+
+
+def test_sampled_batch_rows_finish_independently():
+    model = tiny_model("gemma3_text")
+    ids = prompt(6, batch=3)
+    out = em.speculative_generate(model, em.Eagle3Head.from_target(model), input_ids=ids, max_new_tokens=10,
+                                  do_sample=True, top_p=0.9, generator=torch.Generator().manual_seed(0),
+                                  tree=em.TreeConfig(depth=3, top_k=3, total_tokens=8), num_return_sequences=2)
+    assert out.shape == (6, 16)
