@@ -41,7 +41,7 @@ def test_multi_token_acceptance_is_lossless(family, kind):
     """A draft that mostly knows the answer: long accepted paths through every cache kind."""
     model = tiny_model(family)
     ids = prompt(9)
-    n_new = 40
+    n_new = 24
     ref = model.generate(ids, max_new_tokens=n_new, do_sample=False)
     for tree in (em.TreeConfig.chain(5), em.TreeConfig(depth=5, top_k=3, total_tokens=12)):
         head = _forced(model, kind, ids, n_new, error_rate=0.15)
