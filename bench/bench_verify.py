@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     import triton
 
     from eagle_mm.kernels.reference import verify_greedy_reference
-    from eagle_mm.kernels.verify_greedy import verify_greedy_triton
+    from eagle_mm.kernels.triton_greedy import verify_greedy_triton
 
     bw = copy_bandwidth()
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)

@@ -95,7 +95,7 @@ def assert_same(got, want, inputs):
 
 
 def run_both(logits, tokens, parent, depth, max_depth, **tiling):
-    from eagle_mm.kernels.verify_greedy import verify_greedy_triton
+    from eagle_mm.kernels.triton_greedy import verify_greedy_triton
     logits, tokens, parent, depth = (t.to(DEVICE) for t in (logits, tokens, parent, depth))
     got = verify_greedy_triton(logits, tokens, parent, depth, max_depth, with_path=True, **tiling)
     want = verify_greedy_reference(logits, tokens, parent, depth, max_depth, with_path=True)
@@ -164,7 +164,7 @@ def test_extra_depth_and_layout():
     wide = torch.zeros(3, 7, 120, dtype=torch.float16, device=DEVICE)
     wide[:, :, :97] = logits
     want = verify_greedy_reference(logits, tokens, parent, depth, D + 3, with_path=True)
-    from eagle_mm.kernels.verify_greedy import verify_greedy_triton
+    from eagle_mm.kernels.triton_greedy import verify_greedy_triton
     got = verify_greedy_triton(wide[:, :, :97], tokens, parent.int(), depth.int(), D + 3, with_path=True)
     assert_same(got, want, (logits, tokens, parent, depth))
 
@@ -212,3 +212,12 @@ def test_sweep(seed):
     V = (32000, 7919)[seed % 2]
     tiling = {"block_v": 1024, "splits": 2} if seed == 1 else {}
     run_both(*make_case(B, n, V, DTYPES[seed % 3], seed=seed), **tiling)
+
+
+def test_public_function_survives_kernel_import():
+    """Importing the kernel module must not replace eagle_mm.kernels.verify_greedy (the function)."""
+    import eagle_mm.kernels as kernels
+    from eagle_mm.kernels import dispatch
+
+    dispatch._triton_module()
+    assert callable(kernels.verify_greedy) and kernels.verify_greedy is dispatch.verify_greedy

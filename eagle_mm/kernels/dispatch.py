@@ -32,7 +32,7 @@ def _interpreting() -> bool:
 
 def _triton_module():
     """Import the kernel module lazily: TRITON_INTERPRET is read when its kernels are decorated."""
-    from . import verify_greedy as module
+    from . import triton_greedy as module
     return module
 
 
@@ -65,7 +65,7 @@ def _resolve(backend: str | None, device: torch.device, width: int) -> str:
     if device.type != "cuda" and not _interpreting():
         if chosen == "triton":
             raise RuntimeError(f"Triton verify needs CUDA tensors (got {device}) or TRITON_INTERPRET=1 "
-                               "set before eagle_mm.kernels.verify_greedy is first imported")
+                               "set before eagle_mm.kernels.triton_greedy is first imported")
         return "torch"
     if chosen == "auto" and device.type != "cuda":
         return "torch"  # the interpreter is for tests that ask for it, never picked on its own

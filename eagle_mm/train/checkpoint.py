@@ -1,0 +1,130 @@
+"""Resumable checkpoints: ``output_dir/checkpoints/step-NNNNNNNN/``, each complete or absent.
+
+A checkpoint is written by ``accelerator.save_state`` into a hidden temp directory beside its final place,
+completed with ``train_config.json``, the head in its ``from_pretrained`` layout (``head/``) and
+``trainer_state.json`` (written last), then renamed into place. Readers list only ``step-*`` directories that
+hold ``trainer_state.json``, so a crash mid-write leaves the previous checkpoints as they were.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from .config import TrainConfig
+
+__all__ = ["CHECKPOINTS", "STATE_NAME", "CONFIG_NAME", "list_checkpoints", "resolve_resume", "check_resumable",
+           "save_checkpoint", "write_state"]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+STATE_NAME = "trainer_state.json"
+CONFIG_NAME = "train_config.json"
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
+    """Complete checkpoints under ``output_dir``, oldest first, as (step, directory)."""
+    root = Path(output_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = []
+    for d in root.iterdir():
+        m = _STEP_DIR.match(d.name)
+        if m and d.is_dir() and (d / STATE_NAME).is_file():
+            found.append((int(m.group(1)), d))
+    return sorted(found)
+
+
+def resolve_resume(config: TrainConfig) -> Path | None:
+    """The checkpoint to resume from, or None for a fresh run; never writes anything.
+
+    A fresh run into an output directory that already holds checkpoints is refused, so that they are not
+    overwritten by accident.
+    """
+    existing = list_checkpoints(config.output_dir)
+    if config.resume is None:
+        if existing:
+            raise ValueError(
+                f"output_dir {config.output_dir} already holds checkpoints (latest: {existing[-1][1].name}); "
+                f"pass resume='auto' (--resume) to continue that run, or choose another output_dir")
+        return None
+    if config.resume == "auto":
+        return existing[-1][1] if existing else None
+    path = Path(config.resume)
+    if not (path / STATE_NAME).is_file():
+        raise ValueError(f"resume directory {str(path)!r} is not a complete checkpoint: it has no {STATE_NAME}")
+    return path
+
+
+def check_resumable(path: Path, config: TrainConfig, num_processes: int) -> dict:
+    """The saved trainer state, after checking that ``config`` trains exactly what the checkpoint trained."""
+    saved_file = path / CONFIG_NAME
+    if not saved_file.is_file():
+        raise ValueError(f"checkpoint {path} has no {CONFIG_NAME}; cannot tell whether it belongs to this run")
+    saved = TrainConfig.load(saved_file)
+    diff = saved.training_difference(config)
+    if diff is not None:
+        name, old, new = diff
+        raise ValueError(f"cannot resume from {path}: training field {name!r} differs (checkpoint: {old!r}, "
+                         f"now: {new!r}); resume with the same settings or start a new output_dir")
+    state = json.loads((path / STATE_NAME).read_text(encoding="utf-8"))
+    if state.get("num_processes") != num_processes:
+        raise ValueError(f"cannot resume from {path}: it was written by num_processes={state.get('num_processes')} "
+                         f"and this run has num_processes={num_processes}; the data order would differ")
+    return state
+
+
+def write_state(path: Path, state: dict) -> None:
+    tmp = path / f".{STATE_NAME}.tmp"
+    tmp.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path / STATE_NAME)
+
+
+def save_checkpoint(accelerator, output_dir, step: int, config: TrainConfig, write_extra: Callable[[Path], None],
+                    keep: int) -> Path:
+    """Write checkpoint ``step`` atomically; every process must call this. Returns its final directory."""
+    root = Path(output_dir) / CHECKPOINTS
+    final, tmp = root / f"step-{step:08d}", root / f".tmp-step-{step:08d}"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))  # model, optimizer, registered objects, every process's RNG states
+    write_extra(tmp)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        config.save(tmp / CONFIG_NAME)
+        write_state(tmp, {"step": step, "num_processes": accelerator.num_processes, "format": 1})
+        _replace_dir(tmp, final)
+        _prune(root, keep)
+        logger.info("checkpoint %s written", final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _replace_dir(src: Path, dest: Path) -> None:
+    """Rename ``src`` to ``dest``; an existing ``dest`` is moved aside first and deleted after."""
+    if not dest.exists():
+        os.replace(src, dest)
+        return
+    old = dest.with_name(f".old-{dest.name}")
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(dest, old)
+    os.replace(src, dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _prune(root: Path, keep: int) -> None:
+    done = list_checkpoints(root.parent)
+    for _, d in done[:-keep]:
+        logger.info("removing old checkpoint %s", d)
+        shutil.rmtree(d, ignore_errors=True)
+    for stale in root.glob(".tmp-step-*"):
+        if stale.is_dir():  # an earlier crash's half-written checkpoint
+            shutil.rmtree(stale, ignore_errors=True)

@@ -1,0 +1,273 @@
+"""Training data: JSON-lines rows -> token ids with a loss mask; regeneration; the draft vocabulary; batch order.
+
+A row is ``{"messages": [{"role": ..., "content": ...}, ...]}`` (rendered with the target tokenizer's chat
+template; the loss covers the assistant turns only) or ``{"text": ...}`` (the loss covers every token).
+Rows may name images (``"images": [paths]`` or content parts ``{"type": "image", "image": path}``): their
+paths are checked, but image rows need a vision-language data path that is not implemented yet. An
+``Example`` keeps a dict of extra model inputs for that path to fill (``pixel_values`` and the like).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["Example", "read_rows", "encode_rows", "regenerate_rows", "build_draft_vocab", "collate", "BatchPlan",
+           "write_rows"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Example:
+    input_ids: torch.Tensor  # (T,) long
+    loss_mask: torch.Tensor  # (T,) bool: the token is one the head learns to predict (an assistant token)
+    row: int  # line number in the source file (1-based), for error messages
+    tensors: dict = field(default_factory=dict)  # per-token tensors (T, ...): dumped "features", "last_hidden"
+    model_inputs: dict = field(default_factory=dict)  # extra target inputs (VLM pixel values, later)
+
+
+# ---- reading and checking rows ---------------------------------------------------------------------
+def read_rows(path) -> list[tuple[int, dict]]:
+    """(line number, row) for every non-blank line; ValueError naming the line for a malformed row."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"training data file {str(path)!r} does not exist")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} row {lineno}: not valid JSON ({e})") from e
+            _check_row(row, lineno, path)
+            rows.append((lineno, row))
+    if not rows:
+        raise ValueError(f"{path} holds no rows")
+    return rows
+
+
+def _check_row(row, lineno: int, path: Path) -> None:
+    where = f"{path} row {lineno}"
+    if not isinstance(row, dict) or ("messages" in row) == ("text" in row):
+        raise ValueError(f"{where}: expected an object with either 'messages' (chat) or 'text', got {str(row)[:80]!r}")
+    if "text" in row and not isinstance(row["text"], str):
+        raise ValueError(f"{where}: 'text' must be a string, got {type(row['text']).__name__}")
+    if "messages" in row:
+        msgs = row["messages"]
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in msgs):
+            raise ValueError(f"{where}: 'messages' must be a list of {{'role': ..., 'content': ...}} objects")
+        if not any(m["role"] == "assistant" for m in msgs):
+            roles = [m["role"] for m in msgs]
+            raise ValueError(f"{where}: no assistant turn (roles {roles}); the loss is computed on assistant tokens only")
+    images = _image_paths(row)
+    for image in images:
+        full = image if os.path.isabs(image) else os.path.join(path.parent, image)
+        if not os.path.isfile(full):
+            raise ValueError(f"{where}: image {image!r} does not exist (looked for {full})")
+    if images:
+        raise ValueError(f"{where}: rows with images need the vision-language data path, which eagle_mm.train "
+                         f"does not implement yet; train on text rows")
+
+
+def _image_paths(row: dict) -> list[str]:
+    paths = list(row.get("images") or [])
+    for m in row.get("messages") or []:
+        if isinstance(m.get("content"), list):
+            paths += [p["image"] for p in m["content"] if isinstance(p, dict) and isinstance(p.get("image"), str)]
+    return paths
+
+
+def write_rows(path, rows: list[dict]) -> None:
+    """Write rows as JSON lines through a temp file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+# ---- tokenisation ----------------------------------------------------------------------------------
+def encode_rows(tokenizer, rows: list[tuple[int, dict]], max_length: int, source="data") -> list[Example]:
+    """Tokenise rows; rows whose trained tokens all fall beyond ``max_length`` are dropped with a warning."""
+    if any("messages" in r for _, r in rows) and not getattr(tokenizer, "chat_template", None):
+        first = next(n for n, r in rows if "messages" in r)
+        raise ValueError(f"the target's tokenizer has no chat_template, but {source} row {first} is a chat "
+                         f"('messages') row; set tokenizer.chat_template or give {{'text': ...}} rows")
+    out, dropped = [], []
+    for lineno, row in rows:
+        if "text" in row:
+            ids = tokenizer(row["text"], add_special_tokens=True).input_ids
+            mask = [True] * len(ids)
+        else:
+            ids, mask = _encode_chat(tokenizer, row["messages"], f"{source} row {lineno}")
+        ids, mask = torch.tensor(ids[:max_length], dtype=torch.long), torch.tensor(mask[:max_length], dtype=torch.bool)
+        if ids.numel() < 3 or not bool(mask[2:].any()):
+            dropped.append(lineno)  # nothing to predict: entry t predicts token t+2
+            continue
+        out.append(Example(ids, mask, lineno))
+    if dropped:
+        logger.warning("dropped %d row(s) of %s with no trained token within max_length=%d (rows %s)",
+                       len(dropped), source, max_length, dropped[:10])
+    if not out:
+        raise ValueError(f"no usable rows in {source}: every row is too short or has no trained token within "
+                         f"max_length={max_length}")
+    return out
+
+
+def _render(tokenizer, messages, where: str, **kw) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, **kw)
+    except Exception as e:  # jinja errors from a template are of many kinds; name the row
+        raise ValueError(f"{where}: the chat template failed on this conversation: {e}") from e
+
+
+def _encode_chat(tokenizer, messages: list[dict], where: str) -> tuple[list[int], list[bool]]:
+    """Token ids of the rendered conversation and a mask of the assistant turns' tokens (their end marker too)."""
+    text = _render(tokenizer, messages, where)
+    spans, cursor = [], 0
+    for k, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = _render(tokenizer, messages[:k], where, add_generation_prompt=True)
+        through = _render(tokenizer, messages[: k + 1], where)
+        if text.startswith(through) and through.startswith(before) and len(before) >= cursor:
+            span = (len(before), len(through))
+        else:
+            # Templates that rewrite earlier turns (e.g. drop reasoning) are not prefix-stable: find the content.
+            content = m.get("content") or ""
+            start = text.find(content, cursor) if content else -1
+            if start < 0:
+                raise ValueError(f"{where}: cannot locate assistant turn {k} in the rendered conversation")
+            span = (start, start + len(content))
+        spans.append(span)
+        cursor = span[1]
+    if getattr(tokenizer, "is_fast", False):
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        mask = [any(a <= s < b for a, b in spans) for s, _ in enc["offset_mapping"]]
+        return list(enc["input_ids"]), mask
+    # Slow tokenizers give no offsets: count tokens of the text up to each span boundary instead.
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    mask = [False] * len(ids)
+    for a, b in spans:
+        lo = len(tokenizer(text[:a], add_special_tokens=False).input_ids)
+        hi = len(tokenizer(text[:b], add_special_tokens=False).input_ids)
+        mask[lo:hi] = [True] * (hi - lo)
+    return ids, mask
+
+
+# ---- regeneration ----------------------------------------------------------------------------------
+@torch.no_grad()
+def regenerate_rows(model, tokenizer, rows: list[tuple[int, dict]], max_new_tokens: int, progress=None) -> list[dict]:
+    """Replace every assistant turn by the target's greedy continuation of the conversation before it.
+
+    Text rows are kept as they are. ``progress`` is called once per row (e.g. a tqdm ``update``).
+    """
+    device = model.get_input_embeddings().weight.device
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+    out = []
+    for lineno, row in rows:
+        if "messages" in row:
+            msgs = []
+            for m in row["messages"]:
+                if m["role"] != "assistant":
+                    msgs.append(m)
+                    continue
+                prompt = _render(tokenizer, msgs, f"row {lineno}", add_generation_prompt=True)
+                ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids], device=device)
+                gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                     do_sample=False)[0, ids.shape[1]:].tolist()
+                cut = next((i for i, t in enumerate(gen) if t in eos), len(gen))
+                msgs.append({**m, "content": tokenizer.decode(gen[:cut], skip_special_tokens=True)})
+            row = {**row, "messages": msgs}
+        out.append(row)
+        if progress is not None:
+            progress()
+    return out
+
+
+# ---- draft vocabulary ------------------------------------------------------------------------------
+def build_draft_vocab(examples, vocab_size: int, draft_vocab_size: int) -> torch.Tensor:
+    """The ``draft_vocab_size`` target ids most frequent among the trained tokens, ascending.
+
+    Ties and never-seen ids are taken in id order, so every process builds the same vocabulary.
+    """
+    if draft_vocab_size > vocab_size:
+        raise ValueError(f"draft_vocab_size {draft_vocab_size} exceeds the target vocabulary {vocab_size}")
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for ex in examples:
+        ids = ex.input_ids[ex.loss_mask]
+        if ids.numel() and int(ids.max()) >= vocab_size:
+            raise ValueError(f"row {ex.row} has token id {int(ids.max())} outside the target vocabulary {vocab_size}")
+        counts.index_add_(0, ids, torch.ones_like(ids))
+    order = torch.argsort(-counts, stable=True)
+    chosen = order[:draft_vocab_size]
+    total = int(counts.sum())
+    if total:
+        logger.info("draft vocabulary: %d ids cover %.2f%% of the %d trained tokens",
+                    draft_vocab_size, 100.0 * int(counts[chosen].sum()) / total, total)
+    return chosen.sort().values
+
+
+# ---- batches -----------------------------------------------------------------------------------------
+def collate(examples: list[Example]) -> dict:
+    """Right-padded batch: input_ids (B, T), attention_mask (B, T), loss_mask (B, T) and any per-token tensors."""
+    T = max(ex.input_ids.numel() for ex in examples)
+    B = len(examples)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    attn = torch.zeros(B, T, dtype=torch.long)
+    loss = torch.zeros(B, T, dtype=torch.bool)
+    extra = {}
+    for b, ex in enumerate(examples):
+        n = ex.input_ids.numel()
+        ids[b, :n], attn[b, :n], loss[b, :n] = ex.input_ids, 1, ex.loss_mask
+        for k, v in ex.tensors.items():
+            if k not in extra:
+                extra[k] = torch.zeros((B, T) + tuple(v.shape[1:]), dtype=v.dtype)
+            extra[k][b, :n] = v
+    return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss, **extra}
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Which rows each process reads at each optimizer step; a pure function of the step, for exact resume.
+
+    Each epoch shuffles the rows with a generator seeded by (seed, epoch) and cuts them into micro-batches
+    of ``batch_size`` (an incomplete last one is dropped). Optimizer step ``s`` of an epoch uses micro-batches
+    ``(s * accum + m) * world + rank`` for m < accum; micro-batches left over at an epoch's end are skipped.
+    """
+
+    num_rows: int
+    batch_size: int
+    world: int
+    accum: int
+    seed: int
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return (self.num_rows // self.batch_size) // (self.world * self.accum)
+
+    def check(self) -> None:
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"{self.num_rows} rows make {self.num_rows // self.batch_size} micro-batch(es) of batch_size="
+                f"{self.batch_size}, fewer than one optimizer step needs ({self.world} process(es) x grad_accum="
+                f"{self.accum}); add data or lower batch_size / grad_accum")
+
+    def order(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.num_rows, generator=g).tolist()
+
+    def rows(self, step: int, micro: int, rank: int, order: list[int] | None = None) -> list[int]:
+        epoch, s = divmod(step, self.steps_per_epoch)
+        order = self.order(epoch) if order is None else order
+        b = (s * self.accum + micro) * self.world + rank
+        return order[b * self.batch_size:(b + 1) * self.batch_size]

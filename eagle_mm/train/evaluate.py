@@ -1,0 +1,36 @@
+"""The end-of-training check: mean acceptance length of a head on held-out prompts, through the real decoder."""
+from __future__ import annotations
+
+import torch
+
+from ..config import TreeConfig
+from ..generate import speculative_generate
+
+__all__ = ["eval_prompts", "mean_accept_length"]
+
+_MAX_TEXT_PROMPT = 64
+
+
+def eval_prompts(examples, limit: int) -> list[torch.Tensor]:
+    """(1, L) prompts from held-out examples: a chat row up to its first assistant token, a text row's first half."""
+    prompts = []
+    for ex in list(examples)[:limit]:
+        trained = ex.loss_mask.nonzero().flatten()
+        first = int(trained[0]) if trained.numel() else 0
+        if first == 0:  # a text row (trained from its first token): its first half is the prompt
+            first = max(1, min(_MAX_TEXT_PROMPT, ex.input_ids.numel() // 2))
+        prompts.append(ex.input_ids[None, :first])
+    return prompts
+
+
+@torch.no_grad()
+def mean_accept_length(model, head, prompts, *, max_new_tokens: int, tree: TreeConfig | None = None) -> float:
+    """Tokens per target forward over all prompts (``SpeculativeStats.mean_accept_length``, draft-weighted)."""
+    device = model.get_input_embeddings().weight.device
+    accepted = drafts = 0
+    for ids in prompts:
+        out = speculative_generate(model, head, input_ids=ids.to(device), max_new_tokens=max_new_tokens,
+                                   tree=tree, return_dict_in_generate=True)
+        accepted += out.stats.mean_accept_length * out.stats.num_drafts
+        drafts += out.stats.num_drafts
+    return accepted / drafts if drafts else 0.0

@@ -1,0 +1,322 @@
+"""The training loop: accelerate (DDP/FSDP, mixed precision), accumulation, clipping, cosine schedule,
+atomic checkpoints with exact resume, and the final acceptance-length evaluation.
+
+The target is frozen and stays outside ``accelerator.prepare``: it is run under ``no_grad`` (online
+features) or not at all (features dumped by ``dump.py``). Only the head and its loss, wrapped in one
+module so that DDP and FSDP see an ordinary forward, are prepared.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..arch import resolve_target
+from ..heads import Eagle3Head, EagleHead
+from ..heads.io import load_head
+from .checkpoint import check_resumable, resolve_resume, save_checkpoint
+from .config import TrainConfig
+from .data import BatchPlan, build_draft_vocab, collate, encode_rows, read_rows, regenerate_rows, write_rows
+from .dump import FeatureStore, feature_layers
+from .evaluate import eval_prompts, mean_accept_length
+from .losses import eagle1_loss, eagle3_loss
+from .target import load_target, load_target_embeddings, load_tokenizer, target_features
+
+__all__ = ["train", "TrainResult", "HeadObjective", "make_accelerator"]
+
+logger = logging.getLogger(__name__)
+
+LOG_NAME = "train_log.jsonl"
+EVAL_NAME = "eval.json"
+REGENERATED_NAME = "regenerated.jsonl"
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    step: int  # optimizer steps done in total
+    losses: list[float] = field(default_factory=list)  # this run's steps, in order
+    accuracies: list[list[float]] = field(default_factory=list)  # per step: top-1 accuracy of each TTT step
+    mean_accept_length: float | None = None
+
+
+class HeadObjective(nn.Module):
+    """The head and its loss as one module: ``forward(batch) -> (loss, stats)``."""
+
+    def __init__(self, head, config: TrainConfig):
+        super().__init__()
+        self.head, self.config = head, config
+
+    def forward(self, batch: dict):
+        c = self.config
+        if c.kind == "eagle3":
+            return eagle3_loss(self.head, batch, steps=c.ttt_steps, decay=c.ttt_decay)
+        return eagle1_loss(self.head, batch, noise=c.feature_noise, p_weight=c.p_weight, v_weight=c.v_weight)
+
+
+def _schedule(total: int, warmup: int, floor: float):
+    """Linear warm-up over ``warmup`` steps to 1, then cosine down to ``floor`` at ``total``."""
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return factor
+
+
+def make_accelerator(mixed_precision: str = "no"):
+    """An Accelerator; processes started by a launcher on a machine without GPUs join over gloo.
+
+    (accelerate picks its CPU backend only when asked, and would otherwise let each process train alone.)
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    state = AcceleratorState._shared_state
+    if state and state.get("_mixed_precision", mixed_precision) != mixed_precision:
+        # An earlier run in this process fixed another precision in accelerate's process-wide state; drop
+        # that part (the process group stays) so that a second train() call can pick its own.
+        AcceleratorState._reset_state()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    acc = Accelerator(mixed_precision=mixed_precision, cpu=world > 1 and not torch.cuda.is_available())
+    if acc.num_processes != world:
+        raise RuntimeError(f"launched as {world} processes but accelerate set up {acc.num_processes} "
+                           f"({acc.distributed_type}); check the launcher's configuration")
+    return acc
+
+
+def train(config: TrainConfig, *, on_step=None) -> TrainResult:
+    """Train a draft head as ``config`` says; ``on_step(step, metrics)`` is called after every optimizer step.
+
+    The head is written to ``config.output_dir`` (``from_pretrained`` loads it). Run under ``accelerate launch``
+    for several processes. Refuses, before writing anything, to resume a checkpoint of a different run.
+    """
+    from accelerate.utils import set_seed
+
+    resume_dir = resolve_resume(config)
+    acc = make_accelerator(config.mixed_precision)
+    start = check_resumable(resume_dir, config, acc.num_processes)["step"] if resume_dir else 0
+    if config.target_device_map is not None and acc.num_processes > 1:
+        raise ValueError(f"target_device_map={config.target_device_map!r} cannot be combined with "
+                         f"{acc.num_processes} processes: each process holds its own target")
+    target, examples, held_out = _load(config, acc)  # bad data fails here, before anything is written
+    out = Path(config.output_dir)
+    if acc.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        config.save(out / "train_config.json")
+        _trim_log(out / LOG_NAME, start)
+    parts = resolve_target(target)
+    set_seed(config.seed)  # here, so the head's initial weights do not depend on how the target was loaded
+    head = _build_head(config, target, examples)
+    objective = HeadObjective(head, config)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, betas=config.adam_betas,
+                                  weight_decay=config.weight_decay)
+    plan = BatchPlan(len(examples), config.batch_size, acc.num_processes, config.grad_accum, config.seed)
+    plan.check()
+    total = config.max_steps or plan.steps_per_epoch * config.epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _schedule(total, round(config.warmup_ratio * total), config.min_lr_ratio))
+    objective, optimizer = acc.prepare(objective, optimizer)
+    # Not prepared: accelerate would step a prepared scheduler once per process; ours counts optimizer steps.
+    acc.register_for_checkpointing(scheduler)
+    if resume_dir is not None:
+        acc.load_state(str(resume_dir))
+        logger.info("resumed from %s at step %d", resume_dir, start)
+
+    layers = feature_layers(config, parts.num_layers)
+    result = TrainResult(out, start)
+    _loop(config, acc, objective, optimizer, scheduler, plan, examples, target, layers, start, total, on_step, result)
+
+    _export_head(acc, objective, out, config.save_dtype)
+    if held_out and config.eval_samples:
+        result.mean_accept_length = _evaluate(config, acc, target, held_out)
+    acc.wait_for_everyone()
+    acc.end_training()
+    return result
+
+
+def _loop(config, acc, objective, optimizer, scheduler, plan, examples, target, layers, start, total, on_step,
+          result) -> None:
+    from tqdm.auto import tqdm
+
+    objective.train()
+    bar = tqdm(total=total, initial=start, desc=f"train {config.kind}", disable=not acc.is_main_process,
+               dynamic_ncols=True)
+    orders: dict[int, list[int]] = {}
+    params = [p for p in objective.parameters() if p.requires_grad]
+    for step in range(start, total):
+        epoch = step // plan.steps_per_epoch
+        if epoch not in orders:
+            orders = {epoch: plan.order(epoch)}
+        loss_sum, stats_sum = 0.0, 0.0
+        for m in range(config.grad_accum):
+            rows = plan.rows(step, m, acc.process_index, orders[epoch])
+            batch = _batch([examples[r] for r in rows], target, layers, config, acc.device)
+            sync = m == config.grad_accum - 1
+            with contextlib.nullcontext() if sync else acc.no_sync(objective):
+                loss, stats = objective(batch)
+                acc.backward(loss / config.grad_accum)
+            loss_sum, stats_sum = loss_sum + loss.detach().float(), stats_sum + stats
+        if config.max_grad_norm > 0:
+            acc.clip_grad_norm_(params, config.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        metrics = _metrics(acc, loss_sum / config.grad_accum, stats_sum, scheduler.get_last_lr()[0])
+        done = step + 1
+        result.step = done
+        result.losses.append(metrics["loss"])
+        result.accuracies.append(metrics["acc"])
+        bar.update()
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}", acc="/".join(f"{a:.2f}" for a in metrics["acc"]))
+        if acc.is_main_process and (done % config.log_every == 0 or done == total):
+            logger.info("step %d/%d loss %.4f acc %s lr %.3g", done, total, metrics["loss"],
+                        [round(a, 3) for a in metrics["acc"]], metrics["lr"])
+            with open(Path(config.output_dir) / LOG_NAME, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": done, **metrics}) + "\n")
+        if done % config.save_every == 0 or done == total:
+            save_checkpoint(acc, config.output_dir, done, config,
+                            lambda path: _export_head(acc, objective, path / "head", config.save_dtype),
+                            config.keep_checkpoints)
+        if on_step is not None:
+            on_step(done, metrics)
+    bar.close()
+
+
+def _metrics(acc, loss: torch.Tensor, stats: torch.Tensor, lr: float) -> dict:
+    """Loss averaged over processes; per-TTT-step accuracy pooled over every process's trained tokens."""
+    packed = torch.cat((loss.reshape(1), stats.flatten().float())).to(acc.device)
+    packed = acc.reduce(packed, reduction="sum")
+    right, counted = packed[1:].view(2, -1)
+    acc_list = (right / counted.clamp(min=1)).tolist()
+    return {"loss": float(packed[0]) / acc.num_processes, "acc": acc_list, "lr": lr}
+
+
+def _batch(examples, target, layers, config: TrainConfig, device) -> dict:
+    """A collated batch on ``device``, with target features computed now unless they were dumped."""
+    batch = {k: v.to(device) for k, v in collate(examples).items()}
+    if "features" not in batch:
+        feats, last = target_features(target, layers, batch["input_ids"], batch["attention_mask"],
+                                      with_last=config.kind == "eagle3")
+        batch["features"], batch["last_hidden"] = feats, last
+    return batch
+
+
+def _load(config: TrainConfig, acc):
+    """(target, training examples, held-out examples); the target is loaded whole or embeddings-only."""
+    if config.features_dir is not None:
+        target = load_target_embeddings(config.target, dtype=config.target_dtype, device=acc.device)
+        store = FeatureStore(config.features_dir, max_length=config.max_length)
+        store.check(config, resolve_target(target))
+        n = len(store) - config.eval_holdout
+        held = [store.tokens(i) for i in range(max(n, 0), len(store))]
+        examples = _Subset(store, range(max(n, 0)))
+    else:
+        target = load_target(config.target, dtype=config.target_dtype, device=acc.device,
+                             device_map=config.target_device_map)
+        tokenizer = load_tokenizer(config.target)
+        rows = _training_rows(config, acc, target, tokenizer)
+        all_examples = encode_rows(tokenizer, rows, config.max_length, source=config.data)
+        cut = len(all_examples) - config.eval_holdout
+        examples, held = all_examples[:max(cut, 0)], all_examples[max(cut, 0):]
+    if config.eval_data is not None:
+        tokenizer = load_tokenizer(config.target)
+        held = encode_rows(tokenizer, read_rows(config.eval_data), config.max_length, source=config.eval_data)
+    if len(examples) == 0:
+        raise ValueError(f"eval_holdout={config.eval_holdout} leaves no training rows")
+    return target, examples, held
+
+
+class _Subset:
+    def __init__(self, store, indices):
+        self.store, self.indices = store, list(indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __getitem__(self, i):
+        return self.store[self.indices[i]]
+
+    def __iter__(self):  # token-only rows, for the draft vocabulary
+        return (self.store.tokens(i) for i in self.indices)
+
+
+def _training_rows(config: TrainConfig, acc, model, tokenizer):
+    rows = read_rows(config.data)
+    if not config.regenerate:
+        return rows
+    cache = Path(config.output_dir) / REGENERATED_NAME
+    if acc.is_main_process and not cache.is_file():
+        from tqdm.auto import tqdm
+
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with tqdm(total=len(rows), desc="regenerate") as bar:
+            write_rows(cache, regenerate_rows(model, tokenizer, rows, config.regenerate_max_new_tokens, bar.update))
+    acc.wait_for_everyone()
+    new = read_rows(cache)
+    if len(new) != len(rows):
+        raise ValueError(f"{cache} has {len(new)} rows but {config.data} has {len(rows)}; delete the stale file")
+    return [(n, r) for (n, _), (_, r) in zip(rows, new)]
+
+
+def _build_head(config: TrainConfig, target, examples):
+    """A fresh head (fp32 master weights) or ``init_head``; EAGLE-3 gets its draft vocabulary from the data."""
+    if config.init_head is not None:
+        head = load_head(config.init_head, target=target, dtype=torch.float32)
+        kind = "eagle3" if isinstance(head, Eagle3Head) else "eagle"
+        if kind != config.kind:
+            raise ValueError(f"init_head {config.init_head} is an {kind} head, but kind={config.kind!r}")
+        return head.train()
+    if config.kind == "eagle":
+        return EagleHead.from_target(target).float().train()
+    vocab = resolve_target(target).vocab_size
+    draft = config.draft_vocab_size or min(32000, vocab)
+    head = Eagle3Head.from_target(target, aux_layers=config.aux_layers, draft_vocab_size=draft).float()
+    head.set_draft_vocab(build_draft_vocab(examples, vocab, draft))
+    return head.train()
+
+
+def _export_head(acc, objective, path: Path, dtype: str) -> None:
+    """Write the head in its ``from_pretrained`` layout; gathers FSDP shards first (every process calls this)."""
+    state = acc.get_state_dict(objective)
+    if acc.is_main_process:
+        template = acc.unwrap_model(objective).head
+        # A fresh module draws initial weights from the global RNG; fork it so resume stays exact.
+        with torch.random.fork_rng(devices=[]):
+            head = type(template)(template.config)
+        head.load_state_dict({k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")})
+        head.to(getattr(torch, dtype)).save_pretrained(path)
+    acc.wait_for_everyone()
+
+
+def _evaluate(config: TrainConfig, acc, target, held_out) -> float | None:
+    value = None
+    if acc.is_main_process:
+        if config.features_dir is not None:  # trained without the target: load it whole only now
+            target = load_target(config.target, dtype=config.target_dtype, device=acc.device,
+                                 device_map=config.target_device_map)
+        dtype = resolve_target(target).embed.weight.dtype
+        head = load_head(config.output_dir, target=target, dtype=dtype)
+        prompts = eval_prompts(held_out, config.eval_samples)
+        value = mean_accept_length(target, head, prompts, max_new_tokens=config.eval_max_new_tokens)
+        report = {"mean_accept_length": value, "prompts": len(prompts), "max_new_tokens": config.eval_max_new_tokens}
+        (Path(config.output_dir) / EVAL_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        logger.info("mean acceptance length on %d held-out prompts: %.3f", len(prompts), value)
+    acc.wait_for_everyone()
+    return value
+
+
+def _trim_log(path: Path, step: int) -> None:
+    """Drop log lines past ``step``: a resumed run writes them again."""
+    if not path.is_file():
+        return
+    keep = [line for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")

@@ -1,0 +1,90 @@
+"""`eagle-mm train` (the subcommand pair the CLI hooks in) and `accelerate launch -m eagle_mm.train`."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import eagle_mm as em
+from eagle_mm.train.checkpoint import list_checkpoints
+from eagle_mm.train.cli import add_train_parser
+from tests.test_train_tools import greedy_rows, one_thread, save_target, write_jsonl  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cli(argv):
+    parser = argparse.ArgumentParser(prog="eagle-mm")
+    add_train_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    model = save_target(root / "target")
+    rows = greedy_rows(model, 24, new=20, chat=True)
+    return {"root": root, "model": model, "target": str(root / "target"),
+            "data": write_jsonl(root / "chat.jsonl", rows)}
+
+
+def _common(work, out):
+    return ["--target", work["target"], "--data", work["data"], "--output", str(work["root"] / out),
+            "--max-steps", "4", "--batch-size", "2", "--mixed-precision", "no", "--save-every", "2",
+            "--eval-holdout", "4", "--eval-samples", "2", "--eval-max-new-tokens", "8"]
+
+
+@pytest.mark.compat
+def test_eagle_mm_train_subcommand_trains_a_loadable_head(work):
+    status = _cli(["train", *_common(work, "cli-out"), "--kind", "eagle3", "--draft-vocab-size", "40",
+                   "--aux-layers", "1", "3", "5"])
+    assert status == 0
+    out = work["root"] / "cli-out"
+    head = em.Eagle3Head.from_pretrained(out, target=work["model"])
+    assert head.config.draft_vocab_size == 40 and head.config.aux_layers == (1, 3, 5)
+    saved = json.loads((out / "train_config.json").read_text())
+    assert saved["max_steps"] == 4 and saved["aux_layers"] == [1, 3, 5]
+    assert json.loads((out / "eval.json").read_text())["mean_accept_length"] >= 1.0
+
+
+def test_cli_reports_bad_data_with_its_row(work, capsys):
+    bad = write_jsonl(work["root"] / "bad.jsonl", [{"messages": [{"role": "user", "content": "w1"}]}])
+    status = _cli(["train", "--target", work["target"], "--data", bad, "--output", str(work["root"] / "bad")])
+    assert status == 2
+    assert "row 1: no assistant turn" in capsys.readouterr().err
+    assert not (work["root"] / "bad").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_accelerate_launch_two_processes(work):
+    launcher = Path(sys.executable).with_name("accelerate")  # this interpreter's, not another venv's
+    launcher = str(launcher) if launcher.exists() else shutil.which("accelerate")
+    if launcher is None:
+        pytest.skip("accelerate's command line (the `accelerate` script) is not installed")
+    out = work["root"] / "ddp"
+    # On a machine without GPUs, --multi_gpu starts real processes (the trainer joins them over gloo);
+    # accelerate's --cpu flag would start a single process unless mpirun is configured.
+    cmd = [launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+           "-m", "eagle_mm.train", *_common(work, "ddp"), "--kind", "eagle3"]
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = json.loads((list_checkpoints(out)[-1][1] / "trainer_state.json").read_text())
+    assert state == {"step": 4, "num_processes": 2, "format": 1}
+    head = em.load_head(out, target=work["model"])
+    assert isinstance(head, em.Eagle3Head)
