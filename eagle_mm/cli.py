@@ -11,6 +11,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 # Kept tiny so `eagle-mm demo` runs in seconds on a laptop CPU.
 _DEMO_VOCAB = 256
@@ -131,13 +132,178 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# --dtype choices, handed to from_pretrained as they are ("auto": the checkpoint's dtype).
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _add_generate(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "generate",
+        help="stream a completion from a local target model with a draft head",
+        description=(
+            "Load a local Hugging Face causal LM (--target) and a draft head (--head: saved with "
+            "save_pretrained, or an official EAGLE/EAGLE-3 release), stream the completion of --prompt "
+            "decoded with eagle_mm.speculative_generate, and print acceptance statistics. --compare also "
+            "runs model.generate with the same options and prints the speed-up."
+        ),
+    )
+    parser.add_argument("--target", required=True, metavar="DIR", help="local target model directory")
+    parser.add_argument("--head", required=True, metavar="DIR", help="local draft head directory")
+    parser.add_argument("--prompt", required=True, metavar="TEXT")
+    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    parser.add_argument("--dtype", choices=_DTYPES, default="auto",
+                        help="target dtype (auto: the checkpoint's); the head follows its checkpoint")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--compare", action="store_true",
+                        help="also run model.generate: print the speed-up and whether greedy outputs match")
+    sampling = parser.add_argument_group("sampling (default: greedy)")
+    sampling.add_argument("--do-sample", action="store_true")
+    sampling.add_argument("--temperature", type=float, default=None)
+    sampling.add_argument("--top-p", type=float, default=None)
+    sampling.add_argument("--top-k", type=_positive_int, default=None, help="sampling top-k (not the tree's)")
+    sampling.add_argument("--seed", type=int, default=None, help="seeds sampling (generator=)")
+    tree = parser.add_argument_group("draft tree (defaults: eagle_mm.TreeConfig)")
+    tree.add_argument("--depth", type=_positive_int, default=None)
+    tree.add_argument("--top-k-tree", type=_positive_int, default=None, dest="tree_top_k", metavar="TOP_K")
+    tree.add_argument("--total-tokens", type=_positive_int, default=None)
+    parser.set_defaults(func=_run_generate)
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _check_generate_args(args: argparse.Namespace) -> str | None:
+    """The first problem with the arguments, before anything heavy is imported or loaded."""
+    for flag, path, what in (("--target", args.target, "model"), ("--head", args.head, "draft head")):
+        if not Path(path).is_dir():
+            return f"no such directory: {path}; pass {flag} a local {what} directory"
+    given = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_p", "top_k", "seed")
+             if getattr(args, name) is not None]
+    if given and not args.do_sample:
+        return f"{', '.join(given)}: sampling options, ignored by greedy decoding; add --do-sample"
+    return None
+
+
+def _load_for_generate(args: argparse.Namespace):
+    """(model, tokenizer, head) on the chosen device."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import eagle_mm
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    # sdpa: flash-attention kernels cannot take the tree mask.
+    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=args.dtype, attn_implementation="sdpa",
+                                                 device_map=device).eval()
+    head = eagle_mm.load_head(args.head, target=model)
+    return model, tokenizer, head
+
+
+def _encode(tokenizer, args: argparse.Namespace, device) -> dict:
+    if args.chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        enc = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+    else:
+        enc = tokenizer(args.prompt, return_tensors="pt")
+    # Only what every causal LM takes: some tokenizers add token_type_ids, which generate() would pass on.
+    return {"input_ids": enc["input_ids"].to(device), "attention_mask": enc["attention_mask"].to(device)}
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    problem = _check_generate_args(args)
+    if problem:
+        return _fail(problem)
+    import torch
+    from transformers import TextStreamer
+
+    import eagle_mm
+
+    given = {"depth": args.depth, "top_k": args.tree_top_k, "total_tokens": args.total_tokens}
+    try:
+        tree = eagle_mm.TreeConfig(**{name: value for name, value in given.items() if value is not None})
+        model, tokenizer, head = _load_for_generate(args)
+    except (OSError, ValueError) as exc:
+        return _fail(str(exc))
+    if args.chat and not getattr(tokenizer, "chat_template", None):
+        return _fail(f"the tokenizer in {args.target} has no chat_template; drop --chat to send the prompt as is")
+    inputs = _encode(tokenizer, args, model.device)
+    options = {"max_new_tokens": args.max_new_tokens, "do_sample": args.do_sample}
+    options.update({name: getattr(args, name) for name in ("temperature", "top_p", "top_k")
+                    if getattr(args, name) is not None})
+
+    def generator():
+        return None if args.seed is None else torch.Generator(device=model.device).manual_seed(args.seed)
+
+    if args.compare:
+        # Untimed warm-up of both paths (allocator, kernels, lazy inits), so neither pays it in the timing.
+        warm = dict(options, max_new_tokens=min(8, args.max_new_tokens))
+        eagle_mm.speculative_generate(model, head, **inputs, **warm, tree=tree, generator=generator())
+        model.generate(**inputs, **warm)
+    start = time.perf_counter()
+    out = eagle_mm.speculative_generate(
+        model, head, **inputs, **options, tree=tree, generator=generator(), return_dict_in_generate=True,
+        streamer=TextStreamer(tokenizer, skip_prompt=True),
+    )
+    speculative_s = time.perf_counter() - start
+    n_new = out.sequences.shape[1] - inputs["input_ids"].shape[1]
+    _print_stats(out.stats, tree, n_new, speculative_s)
+    if args.compare:
+        _compare(model, inputs, options, args, out.sequences, n_new / speculative_s)
+    return 0
+
+
+def _print_stats(stats, tree, n_new: int, seconds: float) -> None:
+    rates = ", ".join(f"{rate:.3f}" for rate in stats.accept_rate_per_position)
+    print()
+    print(f"tree: depth={tree.depth}, top_k={tree.top_k}, total_tokens={tree.total_tokens}")
+    print(f"mean accept length: {stats.mean_accept_length:.3f}")
+    print(f"accept rate per position: [{rates}]")
+    print(f"target forwards: {stats.num_target_forwards}")
+    print(f"speculative_generate: {n_new} tokens in {seconds:.3f} s ({n_new / seconds:.1f} tokens/s)")
+
+
+def _compare(model, inputs: dict, options: dict, args: argparse.Namespace, sequences, speculative_rate: float) -> None:
+    """Time model.generate with the same options; under greedy decoding its tokens must match."""
+    import torch
+
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    start = time.perf_counter()
+    reference = model.generate(**inputs, **options)
+    generate_s = time.perf_counter() - start
+    n_ref = reference.shape[1] - inputs["input_ids"].shape[1]
+    print(f"model.generate: {n_ref} tokens in {generate_s:.3f} s ({n_ref / generate_s:.1f} tokens/s)")
+    # Per token: an EOS can end the two runs at different lengths when sampling.
+    print(f"speed-up: {speculative_rate / (n_ref / generate_s):.2f}x (one timed run each)")
+    if args.do_sample:
+        print("greedy outputs match: n/a (sampling: outputs are draws, equal only in distribution)")
+        return
+    same = reference.shape == sequences.shape and bool(torch.equal(reference, sequences))
+    print(f"greedy outputs match: {same}")
+    if not same:
+        print("warning: greedy speculative decoding should reproduce model.generate token for token; in "
+              "bf16/fp16 a near-tie can flip between the tree forward and the step-by-step one "
+              "(compare with --dtype float32)", file=sys.stderr)
+
+
 def _add_export(subparsers: argparse._SubParsersAction) -> None:
     from .export import add_export_parser
 
     add_export_parser(subparsers)
 
 
-_SUBCOMMANDS = (_add_demo, _add_export)
+def _add_train(subparsers: argparse._SubParsersAction) -> None:
+    from .train.cli import add_train_parser
+
+    add_train_parser(subparsers)
+
+
+_SUBCOMMANDS = (_add_demo, _add_generate, _add_train, _add_export)
 
 
 def _build_parser() -> argparse.ArgumentParser:
