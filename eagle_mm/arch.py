@@ -16,13 +16,15 @@ __all__ = ["TargetParts", "resolve_target", "SUPPORTED_VLMS", "UNSUPPORTED"]
 @dataclass(frozen=True)
 class _Row:
     rope: str = "default"  # "default" (1D positions) or "mrope" (3D positions, Qwen2-VL style)
+    decoder: str | None = None  # dotted path to the decoder stack where get_decoder() stops short of it
 
 
 # model_type of the outer (composite) config -> facts that differ from the generic path.
 SUPPORTED_VLMS: dict[str, _Row] = {
     "llava": _Row(),
     "qwen2_5_vl": _Row(rope="mrope"),
-    "llama4": _Row(),
+    # get_decoder() returns the Llama4ForCausalLM wrapper; its decoder stack is one level down.
+    "llama4": _Row(decoder="language_model.model"),
     "gemma3": _Row(),
 }
 
@@ -44,6 +46,7 @@ class TargetParts:
     model_type: str
     rope: str
     is_vlm: bool
+    image_token_id: int | None = None  # the placeholder token a VLM's prompt repeats per image feature
 
     @property
     def num_layers(self) -> int:
@@ -56,6 +59,20 @@ class TargetParts:
     @property
     def vocab_size(self) -> int:
         return self.embed.weight.shape[0]
+
+    @property
+    def position_limit(self) -> int | None:
+        """Cache length up to which the forward is exact under tree verification, or None (no limit).
+
+        Llama 4's attention temperature tuning on its NoPE layers reads each query's position from the cache
+        length, not from ``position_ids``; its scale stays 1 below ``floor_scale - 1`` cache entries, where the
+        tree's positions and the cache's agree on every scale.
+        """
+        tc = self.text_config
+        nope = 0 in (getattr(tc, "no_rope_layers", None) or ())
+        if nope and getattr(tc, "attn_temperature_tuning", False):
+            return int(tc.floor_scale) - 1
+        return None
 
 
 def resolve_target(model: nn.Module) -> TargetParts:
@@ -76,14 +93,14 @@ def resolve_target(model: nn.Module) -> TargetParts:
             f"vision-language model {type(model).__name__} (model_type {model_type!r}) is not supported; "
             f"supported families: {sorted(SUPPORTED_VLMS)}"
         )
-    text_model = model.get_decoder() if hasattr(model, "get_decoder") else None
+    row = SUPPORTED_VLMS.get(model_type, _Row())
+    text_model = _decoder(model, row)
     layers = getattr(text_model, "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise ValueError(f"cannot find the decoder layers of {type(model).__name__}: get_decoder() has no .layers list")
     lm_head = model.get_output_embeddings()
     if lm_head is None:
         raise ValueError(f"{type(model).__name__} has no output embeddings (lm_head); a causal LM is needed")
-    row = SUPPORTED_VLMS.get(model_type, _Row())
     return TargetParts(
         text_model=text_model,
         layers=layers,
@@ -93,4 +110,14 @@ def resolve_target(model: nn.Module) -> TargetParts:
         model_type=model_type,
         rope=row.rope,
         is_vlm=is_vlm,
+        image_token_id=getattr(config, "image_token_id", None) if is_vlm else None,
     )
+
+
+def _decoder(model: nn.Module, row: _Row):
+    if row.decoder is None:
+        return model.get_decoder() if hasattr(model, "get_decoder") else None
+    module = model
+    for name in row.decoder.split("."):
+        module = getattr(module, name, None)
+    return module

@@ -3,8 +3,10 @@
 Slots: a full-attention layer stores a sequence of slots; ``SlotBook.full`` (B, S) holds each slot's
 token position, -1 where a row has no token (left padding, or the holes left when rows accept
 different counts). A sliding-window layer stores at most ``window - 1`` slots per row, compacted to the
-right after every cycle; ``SlotBook.windows[w]`` (B, s) holds their positions. After a verify forward
-the Q tree slots sit at the end of every layer; ``keep_path`` keeps the accepted ones.
+right after every cycle; ``SlotBook.windows[w]`` (B, s) holds their positions. HF stores a
+chunked-attention layer (Llama 4) as a sliding-window layer of window = chunk size, book-kept the same
+way. After a verify forward the Q tree slots sit at the end of every layer; ``keep_path`` keeps the
+accepted ones.
 """
 from __future__ import annotations
 
@@ -52,7 +54,10 @@ def layer_kinds(cache, text_config) -> list[LayerKind]:
     for i, layer in enumerate(cache.layers):
         name = types[i] if types is not None else "full_attention"
         if name == "chunked_attention":
-            kinds.append(LayerKind(name, chunk=chunk))
+            # HF stores a chunked layer in a sliding-window cache layer (window = chunk size, last chunk-1 slots
+            # kept): its slots are book-kept like a window's, and the mask adds the same-chunk rule.
+            window = layer.sliding_window if _is_sliding(layer) else None
+            kinds.append(LayerKind(name, window=window, chunk=chunk))
         elif _is_sliding(layer):
             kinds.append(LayerKind(name if types is not None else "sliding_attention", window=layer.sliding_window))
         elif name in ("full_attention", "sliding_attention"):

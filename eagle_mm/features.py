@@ -14,20 +14,31 @@ __all__ = ["FeatureCapture"]
 
 
 class FeatureCapture:
-    """``with FeatureCapture(parts, (2, 5, 9)) as cap: model(...)``; then ``cap.features()`` -> (B, T, 3*hidden)."""
+    """``with FeatureCapture(parts, (2, 5, 9)) as cap: model(...)``; then ``cap.features()`` -> (B, T, 3*hidden).
 
-    def __init__(self, parts: TargetParts, indices: tuple[int, ...], device: torch.device | None = None):
+    ``input_embeds=True`` also keeps the input of layer 0 of each forward for ``cap.input_embeds()``: in a VLM, the
+    merged text and image embeddings the language model received.
+    """
+
+    def __init__(self, parts: TargetParts, indices: tuple[int, ...], device: torch.device | None = None, *,
+                 input_embeds: bool = False):
         n = parts.num_layers
         bad = [i for i in indices if not 0 <= i <= n]
         if bad:
             raise ValueError(f"hidden_states index {bad} out of range [0, {n}] for a target with {n} layers")
         self.parts, self.indices, self.device = parts, tuple(indices), device
+        self.keeps_input_embeds = input_embeds
         self._handles: list = []
         self._seen: dict[int, torch.Tensor] = {}
+        self._embeds: torch.Tensor | None = None
 
     def _pre_hook(self, idx: int):
         def hook(module, args, kwargs):
-            self._seen[idx] = args[0] if args else kwargs["hidden_states"]
+            state = args[0] if args else kwargs["hidden_states"]
+            if idx in self.indices:
+                self._seen[idx] = state
+            if idx == 0 and self.keeps_input_embeds:
+                self._embeds = state
 
         return hook
 
@@ -35,7 +46,7 @@ class FeatureCapture:
         self._seen[self.parts.num_layers] = output[0] if isinstance(output, tuple) else output.last_hidden_state
 
     def __enter__(self) -> "FeatureCapture":
-        for idx in sorted(set(self.indices)):
+        for idx in sorted(set(self.indices) | ({0} if self.keeps_input_embeds else set())):
             if idx < self.parts.num_layers:
                 h = self.parts.layers[idx].register_forward_pre_hook(self._pre_hook(idx), with_kwargs=True)
             else:
@@ -47,6 +58,7 @@ class FeatureCapture:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self._embeds = None
 
     def features(self) -> torch.Tensor:
         """The captured states concatenated in ``indices`` order: (B, T, len(indices) * hidden). Clears them."""
@@ -57,3 +69,11 @@ class FeatureCapture:
         out = torch.cat([self._seen[i].to(device) for i in self.indices], dim=-1)
         self._seen.clear()
         return out
+
+    def input_embeds(self) -> torch.Tensor:
+        """The input of decoder layer 0 in the last forward: (B, T, hidden). Clears it."""
+        if self._embeds is None:
+            raise RuntimeError("no input embeddings were captured: create FeatureCapture(..., input_embeds=True) "
+                               "and run a target forward first")
+        out, self._embeds = self._embeds, None
+        return out if self.device is None else out.to(self.device)

@@ -23,6 +23,7 @@ from .compat import cache_kwarg, output_cache
 from .config import TreeConfig
 from .draft import DraftSampler, HeadCache, draft_tree, extend_head
 from .features import FeatureCapture
+from .multimodal import PREFILL_INPUTS, check_images, image_prompt, rope_offsets, verify_positions
 from .options import check_generation_config, pad_id, split_model_inputs
 from .outputs import SpeculativeOutput, SpeculativeStats
 from .processing import process_tree_logits, reads_input_ids
@@ -46,6 +47,7 @@ class DecodeState:
     root_pos: torch.Tensor  # (B,) its position
     root_out: torch.Tensor  # (B, H) head output at the entry pairing the previous feature with root
     root_logits: torch.Tensor  # (B, V_draft)
+    rope_offsets: torch.Tensor | None  # (3, B) M-RoPE offset of each axis from the text position, else None
     prompt: list[list[int]]  # per row, the (padded) prompt as generate() sees it
     generated: list[list[int]]  # per row, committed new tokens
     finished: list[bool]
@@ -54,24 +56,31 @@ class DecodeState:
         return torch.tensor(self.prompt[b] + self.generated[b], dtype=torch.long)
 
 
-def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | None = None,
-                         generator: torch.Generator | None = None, **kwargs):
+def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | str | None = None,
+                         generator: torch.Generator | None = None, autotree_inputs=None, **kwargs):
     """Drop-in for ``model.generate(inputs, **kwargs)`` with EAGLE tree speculation.
 
     Greedy output is token-identical to ``generate``; sampling keeps the target's distribution exactly.
     Returns the sequences tensor, or a ``SpeculativeOutput`` (``.sequences``, ``.stats``) when
     ``return_dict_in_generate=True``. ``generator`` seeds sampling (else torch's global RNG).
+    ``tree``: a TreeConfig, None for TreeConfig(), or "auto": ``eagle_mm.autotree.choose_tree`` calibrates on
+    ``autotree_inputs`` (text prompts) or the first prompt row, on every call; run it once and pass its
+    ``.tree`` to decode many prompts.
     """
     if "custom_generate" in kwargs:
         raise ValueError("speculative_generate sets custom_generate itself; do not pass it")
-    _check_prompt(inputs if inputs is not None else kwargs.get("input_ids"), kwargs.get("attention_mask"))
+    ids = inputs if inputs is not None else kwargs.get("input_ids")
+    _check_prompt(ids, kwargs.get("attention_mask"))
     _check_attention(model)
+    parts = resolve_target(model)
+    if parts.is_vlm:
+        check_images(parts, model.config, ids, kwargs)
     # generate() hands a custom_generate callable neither the streamer nor the tokenizer: pass the
     # streamer under our own name and turn stop strings into a stopping criterion here.
     streamer = kwargs.pop("streamer", None)
     _stop_strings_to_criteria(model, kwargs)
     return model.generate(inputs, custom_generate=custom_generate, head=head, tree=tree, generator=generator,
-                          eagle_streamer=streamer, **kwargs)
+                          eagle_streamer=streamer, autotree_inputs=autotree_inputs, **kwargs)
 
 
 def _stop_strings_to_criteria(model, kwargs: dict) -> None:
@@ -88,7 +97,8 @@ def _stop_strings_to_criteria(model, kwargs: dict) -> None:
 
 
 def custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
-                    streamer=None, head=None, tree=None, generator=None, eagle_streamer=None, **model_kwargs):
+                    streamer=None, head=None, tree=None, generator=None, eagle_streamer=None, autotree_inputs=None,
+                    **model_kwargs):
     """The speculative loop in the signature of transformers' ``custom_generate`` callables.
 
     ``model.generate(..., custom_generate=eagle_mm.custom_generate, head=head)`` runs it. transformers
@@ -100,29 +110,36 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     if head is None:
         raise ValueError("custom_generate needs a draft head: model.generate(..., custom_generate=..., head=head)")
     tree = tree if tree is not None else TreeConfig()
-    if not isinstance(tree, TreeConfig):
-        raise TypeError(f"tree must be a TreeConfig, got {type(tree).__name__}")
+    if not isinstance(tree, TreeConfig) and not (isinstance(tree, str) and tree == "auto"):
+        raise TypeError(f"tree must be a TreeConfig, None or 'auto', got {type(tree).__name__} {tree!r}")
     if synced_gpus:
         raise ValueError("synced_gpus=True is not supported by speculative decoding")
     gen = generation_config
     check_generation_config(gen)
     _check_attention(model)
-    attention_mask, position_ids = split_model_inputs(input_ids, model_kwargs)
     parts = resolve_target(model)
+    attention_mask, position_ids, extra = split_model_inputs(input_ids, model_kwargs,
+                                                             PREFILL_INPUTS if parts.is_vlm else ())
+    images = image_prompt(parts, model.config, input_ids, extra) if parts.is_vlm else None
+    autotree = None
+    if isinstance(tree, str):
+        tree, autotree = _auto_tree(model, head, input_ids, attention_mask, images, autotree_inputs)
+    _check_cache_room(parts, gen.max_length - 1, tree)  # the last verify is over at most max_length - 2 slots
     head.attach(model)
     vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size
     if tree.top_k > vd:
         raise ValueError(f"tree top_k={tree.top_k} exceeds the head's draft vocabulary of {vd} tokens")
     sampler = DraftSampler.from_processors(logits_processor, head, generator) if gen.do_sample else None
-    stats = SpeculativeStats(accept_counts=[0] * tree.depth)
-    with FeatureCapture(parts, head.feature_layers(parts.num_layers)) as cap:
+    stats = SpeculativeStats(accept_counts=[0] * tree.depth, tree=tree, autotree=autotree)
+    with FeatureCapture(parts, head.feature_layers(parts.num_layers), input_embeds=parts.is_vlm) as cap:
         t0 = time.perf_counter()
-        state = _prefill(model, head, cap, input_ids, attention_mask, position_ids, logits_processor, gen,
+        state = _prefill(model, head, cap, input_ids, attention_mask, position_ids, images, logits_processor, gen,
                          generator)
         kinds = layer_kinds(state.cache, parts.text_config)
         _commit(state, state.root[:, None].tolist(), stopping_criteria, streamer)
         stats.time_other += time.perf_counter() - t0
         while not all(state.finished):
+            _check_cache_room(parts, state.slots.full.shape[1], tree)
             _cycle(model, head, cap, state, kinds, tree, gen, logits_processor, stopping_criteria, streamer,
                    sampler, generator, stats)
     if streamer is not None:
@@ -149,6 +166,32 @@ def _check_attention(model) -> None:
                          f"load the model with attn_implementation='sdpa' (or call model.set_attn_implementation('sdpa'))")
 
 
+def _auto_tree(model, head, input_ids, attention_mask, images, calib_inputs):
+    """tree="auto": the TreeConfig ``choose_tree`` predicts fastest here, and its report."""
+    from .autotree import choose_tree  # imported here: autotree runs speculative_generate to time the loop
+
+    if calib_inputs is None:
+        if images is not None and images.num_images:
+            raise ValueError("tree='auto' calibrates on text prompts; with images in the prompt pass text-only "
+                             "calibration prompts as autotree_inputs=...")
+        calib_inputs = [input_ids[0][attention_mask[0].bool()]]  # the first row, without its padding
+    result = choose_tree(model, head, calib_inputs, batch_size=input_ids.shape[0])
+    logger.debug("tree='auto' candidates:\n%s", result.table())
+    return result.tree, result
+
+
+def _check_cache_room(parts, length: int, tree: TreeConfig) -> None:
+    """A verify forward over ``length`` cached slots must stay below the target's position limit, if it has one
+    (Llama 4, see ``TargetParts.position_limit``). Checked on max_length up front, then per cycle on the cache,
+    which batches lengthen past their positions with holes."""
+    limit = parts.position_limit
+    if limit is not None and length + tree.total_tokens + 1 > limit:
+        raise ValueError(f"{parts.model_type}: a tree of {tree.total_tokens} tokens over a cache of {length} "
+                         f"reaches past {limit} cache entries, where the target's attention temperature tuning "
+                         f"(floor_scale {parts.text_config.floor_scale}) reads positions from the cache length, "
+                         f"which a verified tree does not follow; lower max_length, the tree or the batch")
+
+
 def _choose(scores: torch.Tensor, do_sample: bool, generator) -> torch.Tensor:
     """Next token from processed scores (B, V), as generate() picks it."""
     if not do_sample:
@@ -157,9 +200,14 @@ def _choose(scores: torch.Tensor, do_sample: bool, generator) -> torch.Tensor:
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
-def _prefill(model, head, cap, input_ids, attention_mask, position_ids, processors, gen, generator) -> DecodeState:
+def _prefill(model, head, cap, input_ids, attention_mask, position_ids, images, processors, gen,
+             generator) -> DecodeState:
     B = input_ids.shape[0]
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+    extra, model_pos = {}, position_ids
+    if images is not None:  # a VLM: images (encoded once, here), token types, M-RoPE positions
+        extra = images.inputs
+        model_pos = images.positions if images.positions is not None else position_ids
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=model_pos, **extra, use_cache=True)
     feats = cap.features()  # (B, L, F)
     scores = out.logits[:, -1].float()
     if processors:
@@ -167,11 +215,16 @@ def _prefill(model, head, cap, input_ids, attention_mask, position_ids, processo
     root = _choose(scores, gen.do_sample, generator)  # (B,)
     slot_pos = position_ids.masked_fill(attention_mask == 0, -1)
     head_tokens = torch.cat((input_ids[:, 1:], root[:, None]), 1)  # entry t pairs feature t with token t+1
-    hcache, h_out, h_logits = extend_head(head, None, feats, head_tokens, slot_pos)
+    embeds = None
+    if cap.keeps_input_embeds:
+        # The target's merged embeddings (image features at image positions), shifted like head_tokens.
+        embeds = torch.cat((cap.input_embeds()[:, 1:], head.embed(root[:, None]).to(feats.device)), 1)
+    hcache, h_out, h_logits = extend_head(head, None, feats, head_tokens, slot_pos, embeds=embeds)
     cache = output_cache(out)
     return DecodeState(
         cache=cache, slots=SlotBook.after_prefill(cache, slot_pos), head_cache=hcache, root=root,
         root_pos=position_ids[:, -1] + 1, root_out=h_out[:, -1], root_logits=h_logits[:, -1],
+        rope_offsets=rope_offsets(images, position_ids) if images is not None else None,
         prompt=input_ids.tolist(), generated=[[] for _ in range(B)], finished=[False] * B,
     )
 
@@ -204,7 +257,7 @@ def _cycle(model, head, cap, state: DecodeState, kinds, tree_cfg: TreeConfig, ge
     q_pos = state.root_pos[:, None] + tree.depth  # (B, N+1)
     masks = build_masks(kinds, state.slots, q_pos, ancestors(tree.parent, D), model.dtype)
     snap = CacheSnapshot(state.cache, tree.size)
-    out = model(input_ids=tree.tokens, attention_mask=masks, position_ids=q_pos,
+    out = model(input_ids=tree.tokens, attention_mask=masks, position_ids=verify_positions(q_pos, state.rope_offsets),
                 **{cache_kwarg(model): state.cache}, use_cache=True)
     feats = cap.features()  # (B, N+1, F)
     rows = [state.row(b) for b in range(len(state.prompt))] if reads_input_ids(processors) else []

@@ -43,17 +43,24 @@ def check_generation_config(gen) -> None:
         raise ValueError(f"num_return_sequences={gen.num_return_sequences} needs do_sample=True")
 
 
-def split_model_inputs(input_ids: torch.Tensor, model_kwargs: dict):
-    """The prompt's attention mask and positions from what generate() prepared; refuse other inputs."""
+def split_model_inputs(input_ids: torch.Tensor, model_kwargs: dict, accepted: tuple[str, ...] = ()):
+    """The prompt's attention mask, 1D positions and the ``accepted`` extra inputs from what generate() prepared.
+
+    Returns (mask (B, T), positions (B, T), extra dict). Inputs neither handled here nor accepted are refused by
+    name. When ``"position_ids"`` is accepted (M-RoPE targets), generate()'s multi-axis (R, B, T) position ids
+    come back in ``extra`` too.
+    """
     if input_ids is None or input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must be a non-empty (batch, length) tensor, got "
                          f"{None if input_ids is None else tuple(input_ids.shape)}")
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
     if cache is not None and cache.get_seq_length() > 0:
         raise ValueError("continuing from a filled cache (past_key_values/cache) is not supported")
-    extra = sorted(k for k, v in model_kwargs.items() if k not in _HANDLED_INPUTS and v is not None)
-    if extra:
-        raise ValueError(f"speculative_generate does not support the model input(s) {extra}")
+    extra = {k: v for k, v in model_kwargs.items() if k in accepted and k != "position_ids" and _given(v)}
+    refused = sorted(k for k, v in model_kwargs.items()
+                     if k not in _HANDLED_INPUTS and k not in accepted and _given(v))
+    if refused:
+        raise ValueError(f"speculative_generate does not support the model input(s) {refused}")
     mask = model_kwargs.get("attention_mask")
     if mask is None:
         mask = torch.ones_like(input_ids)
@@ -65,9 +72,16 @@ def split_model_inputs(input_ids: torch.Tensor, model_kwargs: dict):
     given = model_kwargs.get("position_ids")
     if given is not None and tuple(given.shape[-2:]) != tuple(input_ids.shape):
         raise ValueError(f"position_ids shape {tuple(given.shape)} != input_ids shape {tuple(input_ids.shape)}")
+    if given is not None and given.dim() == 3 and "position_ids" in accepted:
+        extra["position_ids"] = given  # (R, B, T) multi-axis positions, e.g. Qwen2.5-VL's M-RoPE
     # generate()'s positions: count real tokens; padding positions never matter (masked).
     pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    return mask, pos
+    return mask, pos, extra
+
+
+def _given(value) -> bool:
+    """False for inputs generate() fills with an empty placeholder (None, or {} for pre-encoded images)."""
+    return value is not None and not (isinstance(value, dict) and not value)
 
 
 def pad_id(gen) -> int:

@@ -1,9 +1,15 @@
 """What speculative_generate returns with ``return_dict_in_generate=True``."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+from .config import TreeConfig
+
+if TYPE_CHECKING:
+    from .autotree import AutoTreeResult
 
 __all__ = ["SpeculativeOutput", "SpeculativeStats"]
 
@@ -20,6 +26,8 @@ class SpeculativeStats:
     time_draft: float = 0.0  # seconds growing trees (head forwards)
     time_verify: float = 0.0  # seconds in target verify forwards and acceptance
     time_other: float = 0.0  # prefill and bookkeeping (cache update, head update, stopping)
+    tree: TreeConfig | None = None  # the draft tree the loop ran with
+    autotree: "AutoTreeResult | None" = None  # with tree="auto": the calibration that chose it
 
     @property
     def mean_accept_length(self) -> float:
@@ -45,6 +53,8 @@ class SpeculativeStats:
             "time_draft": self.time_draft,
             "time_verify": self.time_verify,
             "time_other": self.time_other,
+            "tree": asdict(self.tree) if self.tree is not None else None,
+            "autotree": self.autotree.as_dict(candidates=False) if self.autotree is not None else None,
         }
 
 

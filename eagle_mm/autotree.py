@@ -1,0 +1,494 @@
+"""``tree="auto"``: pick the draft tree's depth, top-k and size for this target, head and device.
+
+A tree ``cfg`` gains E[L](cfg) tokens per decode cycle (accepted draft tokens + the bonus) and costs
+T(cfg) seconds per cycle, so decoding runs at E[L] / T tokens per second; ``choose_tree`` maximises that
+over a grid of trees.
+
+T(cfg) = verify(N) + draft(k, D) + fixed, measured on this device (``measure_costs``):
+  verify(N)  the target's side of a cycle with N draft nodes: tree mask, one forward of root + N nodes
+             over a cached prefix, greedy verification, the host sync, keeping the path in the cache.
+             Flat on a GPU until compute binds, steep on a CPU. Interpolated between measured sizes.
+  draft(k,D) ``draft_tree`` at depth 1, plus (D - 1) further levels (one head forward on k nodes each).
+  fixed      what else the loop spends per cycle (head update, commit and stopping checks, Python): the
+             residual of a real ``speculative_generate`` run.
+Timed jobs take turns round by round (a slow spell of a shared machine hits all sizes alike); medians.
+
+E[L](cfg) is replayed, not modelled (``calibrate``). In greedy decoding the target's continuation of a
+prompt decides every acceptance: a draft node is accepted iff its path spells the continuation. One greedy
+run of the target per calibration prompt and one head pass give the head's state at every root position;
+drafting there once per top_k at the largest depth yields every candidate with its score, and any smaller
+(depth, total) keeps a prefix of those candidates (levels are created in order) reranked by ``select_tree``
+exactly as ``draft_tree`` would. Walking the roots as the decode loop does (next root = root + accepted + 1)
+visits exactly the cycles ``speculative_generate`` runs on these prompts, so the replayed E[L] is its
+``mean_accept_length``. (Averaging over every root instead is biased: a cycle starts at the bonus token,
+right after a rejection, so the loop's roots fall in step with the tokens the head gets wrong.)
+For sampling the greedy replay is an approximation of the acceptance.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .arch import resolve_target
+from .cache import CacheSnapshot, SlotBook, build_masks, keep_path, layer_kinds
+from .compat import cache_kwarg, output_cache
+from .config import TreeConfig
+from .draft import HeadCache, _additive, draft_tree, extend_head
+from .features import FeatureCapture
+from .kernels import verify_greedy
+from .tree import ancestors, greedy_accept, select_tree
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DeviceCosts", "Replay", "TreeEstimate", "AutoTreeResult", "measure_verify_cost", "measure_draft_cost",
+           "measure_loop_overhead", "measure_costs", "calibrate", "default_grid", "rank_trees", "choose_tree"]
+
+SIZES = (0, 1, 2, 4, 8, 16, 32, 64)  # draft nodes N at which the verify cost is measured (0: plain decoding)
+TOP_KS = (1, 2, 4, 6, 8, 10)
+TOTALS = (2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+# ---- device costs ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DeviceCosts:
+    """Seconds per decode cycle, by part, for one batch shape on one device."""
+
+    verify: dict[int, float]  # draft nodes N -> target side of a cycle (see the module docstring)
+    draft: dict[int, tuple[float, float]]  # top_k -> (draft_tree at depth 1, each further level)
+    fixed: float = 0.0  # the loop's other work per cycle, whatever the tree
+
+    def verify_seconds(self, n: int) -> float:
+        """Piecewise-linear in n between measured sizes, extended linearly past the ends. A larger forward
+        never costs less, so timing noise is smoothed out by reading the table's isotonic fit."""
+        xs = sorted(self.verify)
+        ys = _isotonic([self.verify[x] for x in xs])
+        if len(xs) == 1:
+            return ys[0]
+        i = min(max(sum(x <= n for x in xs) - 1, 0), len(xs) - 2)
+        return max(ys[i] + (ys[i + 1] - ys[i]) * (n - xs[i]) / (xs[i + 1] - xs[i]), 0.0)
+
+    def draft_seconds(self, top_k: int, depth: int) -> float:
+        if top_k not in self.draft:
+            raise ValueError(f"no draft cost measured for top_k={top_k}; have {sorted(self.draft)}")
+        first, level = self.draft[top_k]
+        return first + (depth - 1) * level
+
+    def cycle_seconds(self, tree: TreeConfig) -> float:
+        return self.verify_seconds(tree.total_tokens) + self.draft_seconds(tree.top_k, tree.depth) + self.fixed
+
+    def as_dict(self) -> dict:
+        return {"verify": dict(self.verify), "draft": {k: list(v) for k, v in self.draft.items()}, "fixed": self.fixed}
+
+
+def _isotonic(ys: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``ys`` in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for y in ys:
+        blocks.append([y, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, c1), (m2, c2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    return [m for m, c in blocks for _ in range(c)]
+
+
+def _timings(jobs: dict, *, repeats: int, warmup: int, device: torch.device) -> dict[object, list[float]]:
+    """key -> wall times of ``run(setup())`` for ``jobs`` {key: (run, setup)}, one per round; setup is not timed.
+
+    The jobs take turns, one run each per round, so that a slow spell of a shared machine falls on all of
+    them rather than on one job's every run."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    times = {key: [] for key in jobs}
+    for i in range(warmup + repeats):
+        for key, (run, setup) in jobs.items():
+            arg = setup()
+            sync()  # queued work of the setup must not be charged to the run
+            t0 = time.perf_counter()
+            run(arg)
+            sync()
+            if i >= warmup:
+                times[key].append(time.perf_counter() - t0)
+    return times
+
+
+def _median_seconds(jobs: dict, **timing) -> dict[object, float]:
+    return {key: statistics.median(t) for key, t in _timings(jobs, **timing).items()}
+
+
+def _probe_tree(n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Parents and depths (n+1,) of a tree of n nodes: a chain of up to 8 levels, the rest on level 1."""
+    i = torch.arange(n + 1, device=device)
+    parent = torch.where(i <= 8, (i - 1).clamp(min=0), torch.zeros_like(i))
+    return parent, torch.where(i <= 8, i, torch.ones_like(i))
+
+
+@torch.no_grad()
+def measure_verify_cost(model, sizes=SIZES[1:], *, prefix_len: int = 256, batch_size: int = 1, repeats: int = 5,
+                        warmup: int = 2) -> dict[int, float]:
+    """Median seconds of the target's side of a cycle with n draft nodes, for each n in ``sizes``.
+
+    Timed as the decode loop runs it: the 4D tree masks (``build_masks``), one forward of root + n nodes
+    over a cache of ``prefix_len`` tokens, greedy verification with the host sync reading its result, and
+    ``keep_path`` keeping three nodes. The cache is copied before each run (untimed).
+    """
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes) or not sizes:
+        raise ValueError(f"sizes must be non-negative ints (draft nodes), got {sizes!r}")
+    parts, dev = resolve_target(model), next(model.parameters()).device
+    B, gen = batch_size, torch.Generator().manual_seed(0)
+    V = min(parts.vocab_size, 1000)  # low ids: clear of the image/special tokens most vocabularies keep high
+    prefix = torch.randint(V, (B, prefix_len), generator=gen).to(dev)
+    base = output_cache(model(input_ids=prefix, use_cache=True))
+    kinds = layer_kinds(base, parts.text_config)
+    book = SlotBook.after_prefill(base, torch.arange(prefix_len, device=dev).expand(B, -1))
+    jobs = {}
+    for n in sorted(set(sizes)):
+        parent, depth = (t.expand(B, -1) for t in _probe_tree(n, dev))  # (B, n+1)
+        tokens = torch.randint(V, (B, n + 1), generator=gen).to(dev)
+        q_pos, D = prefix_len + depth, min(n, 8)
+        keep = torch.arange(min(n, 2) + 1, device=dev).expand(B, -1)  # root + two chain nodes
+
+        def setup(n=n):
+            cache, slots = copy.deepcopy(base), copy.deepcopy(book)
+            return cache, slots, CacheSnapshot(cache, n + 1)
+
+        def run(state, tokens=tokens, parent=parent, depth=depth, q_pos=q_pos, D=D, keep=keep, n=n):
+            cache, slots, snap = state
+            masks = build_masks(kinds, slots, q_pos, ancestors(parent, D), model.dtype)
+            out = model(input_ids=tokens, attention_mask=masks, position_ids=q_pos, **{cache_kwarg(model): cache},
+                        use_cache=True)
+            accept_len = verify_greedy(out.logits, tokens, parent, depth, D, with_path=True)[0]
+            accept_len.cpu()  # the cycle's one host sync
+            keep_path(cache, snap, slots, keep, q_pos.gather(1, keep), n + 1)
+
+        jobs[n] = (run, setup)
+    return _median_seconds(jobs, repeats=repeats, warmup=warmup, device=dev)
+
+
+@torch.no_grad()
+def measure_draft_cost(head, top_ks=TOP_KS, *, depth: int = 8, prefix_len: int = 256, batch_size: int = 1,
+                       repeats: int = 5, warmup: int = 2) -> dict[int, tuple[float, float]]:
+    """top_k -> (seconds of ``draft_tree`` at depth 1, seconds per further level), from depths 1 and ``depth``,
+    over a head cache of ``prefix_len`` entries (random features)."""
+    if depth < 2:
+        raise ValueError(f"depth must be >= 2 to measure the cost of a level, got {depth}")
+    parts, p, B = head.target_parts, next(head.parameters()), batch_size
+    gen = torch.Generator().manual_seed(0)
+    width = len(head.feature_layers(parts.num_layers)) * parts.hidden_size
+    feats = torch.randn(B, prefix_len, width, generator=gen).to(p.device, p.dtype)
+    tokens = torch.randint(min(parts.vocab_size, 1000), (B, prefix_len), generator=gen).to(p.device)
+    pos = torch.arange(prefix_len, device=p.device).expand(B, -1)
+    cache, out, logits = extend_head(head, None, feats, tokens, pos)
+    jobs = {}
+    for k in top_ks:
+        for d in (1, depth):
+            cfg = TreeConfig(depth=d, top_k=k, total_tokens=d if k == 1 else min(k + (d - 1) * k * k, max(TOTALS)))
+            jobs[k, d] = (lambda _, cfg=cfg: draft_tree(head, cache, tokens[:, -1], out[:, -1], logits[:, -1],
+                                                         pos[:, -1] + 1, cfg), lambda: None)
+    t = _median_seconds(jobs, repeats=repeats, warmup=warmup, device=p.device)
+    return {k: (t[k, 1], max(t[k, depth] - t[k, 1], 0.0) / (depth - 1)) for k in top_ks}
+
+
+def measure_loop_overhead(model, head, partial: DeviceCosts, *, prefix_len: int = 256, batch_size: int = 1,
+                          repeats: int = 5, lengths: tuple[int, int] = (2, 18)) -> float:
+    """Seconds per cycle the real decode loop spends beyond ``partial``'s verify(N) + draft(k, D): the head
+    update, committing tokens against the stopping criteria, Python. The residual of ``speculative_generate``
+    with a chain of one, differenced over two generation lengths so that the prefill cancels."""
+    from .generate import speculative_generate  # generate.py imports this module lazily for tree="auto"
+
+    dev, tree = next(model.parameters()).device, TreeConfig.chain(1)
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(min(resolve_target(model).vocab_size, 1000), (batch_size, prefix_len), generator=gen).to(dev)
+    cycles = {}  # greedy: every run of one length takes as many cycles
+
+    def run(n):
+        out = speculative_generate(model, head, input_ids=ids, max_new_tokens=n, tree=tree, do_sample=False,
+                                   return_dict_in_generate=True)
+        cycles[n] = out.stats.num_target_forwards
+
+    walls = _timings({n: (run, lambda n=n: n) for n in lengths}, repeats=repeats, warmup=1, device=dev)
+    short, long = lengths
+    if cycles[long] <= cycles[short]:  # e.g. an end-of-sequence token stopped both runs early
+        logger.warning("could not time the decode loop (%s cycles); its overhead is left out", cycles)
+        return 0.0
+    # Differences within a round: both runs met the same spell of the machine.
+    extra = statistics.median(b - a for a, b in zip(walls[short], walls[long]))
+    per_cycle = extra / (cycles[long] - cycles[short])
+    return max(per_cycle - partial.cycle_seconds(tree), 0.0)
+
+
+def measure_costs(model, head, *, sizes=SIZES, top_ks=TOP_KS, depth: int = 8, prefix_len: int = 256,
+                  batch_size: int = 1, repeats: int = 5, warmup: int = 2) -> DeviceCosts:
+    """All three parts of T(cfg) on the model's device (random prompt tokens, ``prefix_len`` long). Sizes
+    1 and top_k 1 are always measured: the loop overhead is the residual of a chain of one."""
+    head.attach(model)
+    timing = dict(prefix_len=prefix_len, batch_size=batch_size, repeats=repeats, warmup=warmup)
+    partial = DeviceCosts(verify=measure_verify_cost(model, sorted(set(sizes) | {1}), **timing),
+                          draft=measure_draft_cost(head, sorted(set(top_ks) | {1}), depth=depth, **timing))
+    fixed = measure_loop_overhead(model, head, partial, prefix_len=prefix_len, batch_size=batch_size,
+                                  repeats=repeats)
+    return DeviceCosts(verify=partial.verify, draft=partial.draft, fixed=fixed)
+
+
+# ---- acceptance replay ----------------------------------------------------------------------------
+@dataclass
+class _Candidates:
+    tokens: torch.Tensor  # (R, M) target ids, creation order: k at depth 1, then k*k per further level
+    parent: torch.Tensor  # (R, M) candidate index of the parent, -1 = the root
+    depth: torch.Tensor  # (M,)
+    score: torch.Tensor  # (R, M) cumulative draft log-prob, what select_tree ranks by
+
+
+def _draft_candidates(head, cache: HeadCache, root_out, root_logits, root_pos, top_k: int, depth: int) -> _Candidates:
+    """``draft_tree``'s greedy candidates before its global rerank, so that one draft serves every total and
+    every smaller depth. The same steps as ``draft_tree`` (tests check that ``select_tree`` over these gives
+    its trees exactly); moving this into draft.py, with draft_tree = this + select_tree, removes the copy."""
+    B, k, dev = root_out.shape[0], top_k, root_out.device
+    dtype = next(head.parameters()).dtype
+    score, ids = torch.log_softmax(root_logits.float(), -1).topk(k, dim=-1)  # (B, k) depth-1 candidates
+    tok = head.draft_to_target(ids)
+    toks, scores, parents = [tok], [score], [torch.full_like(tok, -1)]
+    depths = [torch.ones(k, dtype=torch.long, device=dev)]
+    front_idx = torch.arange(k, device=dev).expand(B, k)  # candidate ids of the frontier
+    front_hidden = root_out[:, None, :].expand(B, k, root_out.shape[-1])
+    front_anc = torch.zeros(B, k, 0, dtype=torch.bool, device=dev)  # ancestry over the drafted entries
+    past_ok, eye = cache.pos >= 0, torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
+    tk = tv = None
+    n_cand = k
+    for d in range(1, depth):
+        pos = (root_pos + d - 1)[:, None].expand(B, k)
+        allowed = torch.cat((past_ok[:, None, :].expand(B, k, -1), front_anc, eye), dim=-1)
+        past = (cache.k, cache.v) if tk is None else (torch.cat((cache.k, tk), 2), torch.cat((cache.v, tv), 2))
+        out, logits, (k_new, v_new) = head.step(head.embed(tok), front_hidden, pos, _additive(allowed, dtype), past)
+        tk = k_new if tk is None else torch.cat((tk, k_new), 2)
+        tv = v_new if tv is None else torch.cat((tv, v_new), 2)
+        logp, ids = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)  # (B, k, k)
+        child_score = (score[..., None] + logp).flatten(1)  # (B, k*k)
+        toks.append(head.draft_to_target(ids).flatten(1))
+        scores.append(child_score)
+        parents.append(front_idx[:, :, None].expand(B, k, k).flatten(1))
+        depths.append(torch.full((k * k,), d + 1, dtype=torch.long, device=dev))
+        pick = torch.sort(child_score, dim=-1, descending=True, stable=True).indices[:, :k]  # (B, k)
+        score, tok = child_score.gather(1, pick), toks[-1].gather(1, pick)
+        par = torch.div(pick, k, rounding_mode="floor")  # frontier slot of each pick's parent
+        front_idx, n_cand = n_cand + pick, n_cand + k * k
+        front_hidden = out.gather(1, par[:, :, None].expand(-1, -1, out.shape[-1]))
+        n_entries = tk.shape[2]
+        own = torch.zeros(B, k, n_entries, dtype=torch.bool, device=dev)
+        own.scatter_(2, (n_entries - k + par)[:, :, None], True)
+        front_anc = torch.cat((front_anc.gather(1, par[:, :, None].expand(-1, -1, front_anc.shape[2])),
+                               torch.zeros(B, k, k, dtype=torch.bool, device=dev)), dim=2) | own
+    return _Candidates(torch.cat(toks, 1).cpu(), torch.cat(parents, 1).cpu(), torch.cat(depths).cpu(),
+                       torch.cat(scores, 1).cpu())
+
+
+@dataclass
+class Replay:
+    """Every root position the decode loop can visit on the calibration prompts (rows, prompt after prompt):
+    the target's greedy continuation after it and the head's draft candidates there, per top_k."""
+
+    root: torch.Tensor  # (R,) root token of each row
+    ahead: torch.Tensor  # (R, D+1) [r, d]: the target's greedy token after row r's right node at depth d
+    candidates: dict[int, _Candidates]
+    spans: list[tuple[int, int, int]]  # per prompt: (first row, prompt length, max_new_tokens)
+    max_depth: int
+
+    def accept_lengths(self, tree: TreeConfig) -> torch.Tensor:
+        """(R,) draft tokens greedy verification accepts at each row's root with this tree."""
+        if tree.top_k not in self.candidates or tree.depth > self.max_depth:
+            raise ValueError(f"{tree} was not calibrated: top_k in {sorted(self.candidates)}, "
+                             f"depth <= {self.max_depth}")
+        c, k = self.candidates[tree.top_k], tree.top_k
+        m = k + (tree.depth - 1) * k * k  # the candidates of levels 1..depth
+        drafted = select_tree(self.root, c.tokens[:, :m], c.parent[:, :m], c.depth[:m], c.score[:, :m],
+                              tree.total_tokens)
+        target = self.ahead.gather(1, drafted.depth)  # (R, N+1); only nodes on the right path matter
+        return greedy_accept(drafted, target, tree.depth)[0]
+
+    def mean_accept_length(self, tree: TreeConfig) -> float:
+        """Tokens per cycle (bonus included) over the cycles ``speculative_generate`` runs on each prompt."""
+        acc = self.accept_lengths(tree).tolist()
+        tokens = cycles = 0
+        for first, _, max_new in self.spans:
+            done, p = 1, 0  # the prefill commits the first token
+            while done < max_new:
+                gained = acc[first + p] + 1
+                tokens, cycles, done, p = tokens + gained, cycles + 1, done + gained, p + gained
+        return tokens / cycles
+
+
+def _prompt_rows(prompts, device) -> list[torch.Tensor]:
+    """A (B, L) tensor or a list of (L,)/(1, L) tensors -> list of (1, L) long tensors on ``device``."""
+    rows = list(prompts) if not isinstance(prompts, torch.Tensor) else list(prompts.view(-1, prompts.shape[-1]))
+    rows = [torch.as_tensor(r).reshape(1, -1).long().to(device) for r in rows]
+    if not rows or any(r.shape[1] == 0 for r in rows):
+        raise ValueError("calibration needs at least one non-empty prompt")
+    return rows
+
+
+def _greedy_run(model, cap: FeatureCapture, ids: torch.Tensor, n: int):
+    """The target's greedy continuation: (1, L+n) tokens and the captured features of the first L+n-1."""
+    L, dev = ids.shape[1], ids.device
+    out = model(input_ids=ids, position_ids=torch.arange(L, device=dev)[None], use_cache=True)
+    feats, seq = [cap.features()], [ids]
+    for i in range(n):
+        tok = out.logits[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+        seq.append(tok)
+        if i < n - 1:
+            out = model(input_ids=tok, position_ids=torch.full_like(tok, L + i), use_cache=True,
+                        **{cache_kwarg(model): output_cache(out)})
+            feats.append(cap.features())
+    return torch.cat(seq, 1), torch.cat(feats, 1)
+
+
+@torch.no_grad()
+def calibrate(model, head, prompts, *, top_ks=TOP_KS, max_depth: int = 8, max_new_tokens: int = 48,
+              rows_per_batch: int = 64) -> Replay:
+    """Run the target greedily for ``max_new_tokens`` (+ ``max_depth``) tokens after each prompt and draft at
+    every root position the decode loop can reach, once per top_k at ``max_depth`` levels."""
+    if max_new_tokens < 2:
+        raise ValueError(f"max_new_tokens must be >= 2 (the first token needs no draft), got {max_new_tokens}")
+    parts = resolve_target(model)
+    head.attach(model)
+    vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size
+    if max(top_ks) > vd:
+        raise ValueError(f"top_k={max(top_ks)} exceeds the head's draft vocabulary of {vd} tokens")
+    rows = _prompt_rows(prompts, next(model.parameters()).device)
+    with FeatureCapture(parts, head.feature_layers(parts.num_layers)) as cap:
+        runs = [_greedy_run(model, cap, ids, max_new_tokens + max_depth) for ids in rows]
+    roots, aheads, spans, cands = [], [], [], {k: [] for k in top_ks}
+    for ids, (seq, feats) in zip(rows, runs):
+        T, dev = seq.shape[1], seq.device
+        hcache, h_out, h_logits = extend_head(head, None, feats, seq[:, 1:], torch.arange(T - 1, device=dev)[None])
+        at = torch.arange(ids.shape[1], ids.shape[1] + max_new_tokens - 1, device=dev)  # reachable roots
+        spans.append((sum(r.numel() for r in roots), ids.shape[1], max_new_tokens))
+        roots.append(seq[0, at].cpu())
+        aheads.append(seq[0, at[:, None] + torch.arange(1, max_depth + 2, device=dev)].cpu())
+        for q in at.split(rows_per_batch):
+            R, S = q.numel(), int(q[-1])  # entries 0..q-1 exist when the root is at position q
+            ent = torch.arange(S, device=dev)[None]
+            cache = HeadCache(hcache.k[:, :, :S].expand(R, -1, -1, -1), hcache.v[:, :, :S].expand(R, -1, -1, -1),
+                              torch.where(ent < q[:, None], ent, -1))
+            for k in top_ks:
+                cands[k].append(_draft_candidates(head, cache, h_out[0, q - 1], h_logits[0, q - 1], q, k, max_depth))
+    joined = {k: _Candidates(torch.cat([c.tokens for c in cs]), torch.cat([c.parent for c in cs]), cs[0].depth,
+                             torch.cat([c.score for c in cs])) for k, cs in cands.items()}
+    return Replay(torch.cat(roots), torch.cat(aheads), joined, spans, max_depth)
+
+
+# ---- the choice -----------------------------------------------------------------------------------
+def default_grid(*, max_depth: int = 8, top_ks=TOP_KS, totals=TOTALS) -> list[TreeConfig]:
+    """Chains of depth 1..max_depth, and trees of every top_k > 1, depth and total that can be drafted."""
+    grid = []
+    for k in top_ks:
+        for d in range(1, max_depth + 1):
+            most = k + (d - 1) * k * k
+            grid += [TreeConfig.chain(d)] if k == 1 else [TreeConfig(d, k, n) for n in totals if n <= most]
+    return grid
+
+
+@dataclass(frozen=True)
+class TreeEstimate:
+    tree: TreeConfig
+    accept_length: float  # E[L]: tokens per cycle, bonus included
+    cycle_seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.accept_length / self.cycle_seconds if self.cycle_seconds > 0 else float("inf")
+
+    def as_dict(self) -> dict:
+        return {"depth": self.tree.depth, "top_k": self.tree.top_k, "total_tokens": self.tree.total_tokens,
+                "accept_length": self.accept_length, "cycle_seconds": self.cycle_seconds,
+                "tokens_per_second": self.tokens_per_second}
+
+
+@dataclass
+class AutoTreeResult:
+    """The chosen tree, every candidate's prediction (best first), and the default TreeConfig()'s."""
+
+    chosen: TreeEstimate
+    default: TreeEstimate | None  # None when the calibration did not cover TreeConfig()
+    candidates: list[TreeEstimate]
+    costs: DeviceCosts
+    calibration_seconds: float = 0.0
+
+    @property
+    def tree(self) -> TreeConfig:
+        return self.chosen.tree
+
+    @property
+    def predicted_tokens_per_second(self) -> float:
+        return self.chosen.tokens_per_second
+
+    def table(self, rows: int = 10) -> str:
+        lines = ["| depth | top_k | total | E[L] | ms/cycle | tok/s |", "|---|---|---|---|---|---|"]
+        shown = self.candidates[:rows]
+        if self.default is not None and self.default not in shown:
+            shown = shown + [self.default]
+        for e in shown:
+            mark = " (default)" if self.default is not None and e.tree == self.default.tree else ""
+            lines.append(f"| {e.tree.depth} | {e.tree.top_k} | {e.tree.total_tokens}{mark} | {e.accept_length:.2f} "
+                         f"| {1e3 * e.cycle_seconds:.2f} | {e.tokens_per_second:.1f} |")
+        return "\n".join(lines)
+
+    def as_dict(self, candidates: bool = True) -> dict:
+        d = {"chosen": self.chosen.as_dict(), "default": self.default.as_dict() if self.default else None,
+             "costs": self.costs.as_dict(), "calibration_seconds": self.calibration_seconds}
+        return {**d, "candidates": [e.as_dict() for e in self.candidates]} if candidates else d
+
+
+def rank_trees(replay: Replay, costs: DeviceCosts, grid, *,
+               default: TreeConfig | None = TreeConfig()) -> AutoTreeResult:
+    """Predict tokens/s for every tree of ``grid``; best first, ties to the smaller tree."""
+    def estimate(t: TreeConfig) -> TreeEstimate:
+        return TreeEstimate(t, replay.mean_accept_length(t), costs.cycle_seconds(t))
+
+    grid = list(dict.fromkeys(grid))
+    if not grid:
+        raise ValueError("the grid of trees to choose from is empty")
+    ranked = sorted((estimate(t) for t in grid),
+                    key=lambda e: (-e.tokens_per_second, e.tree.total_tokens, e.tree.depth, e.tree.top_k))
+    known = default is not None and default.top_k in replay.candidates and default.depth <= replay.max_depth
+    return AutoTreeResult(ranked[0], estimate(default) if known else None, ranked, costs)
+
+
+def choose_tree(model, head, calib_input_ids, *, device_costs: DeviceCosts | None = None, grid=None,
+                max_new_tokens: int = 48, batch_size: int = 1, repeats: int = 5) -> AutoTreeResult:
+    """Pick the TreeConfig with the most predicted tokens/s for ``model`` + ``head`` on this device.
+
+    calib_input_ids: (B, L) prompts (no padding) or a list of 1-D prompts; each is continued greedily for
+    ``max_new_tokens`` tokens. device_costs: measured here (``measure_costs``) when None. grid: the trees
+    to choose from (``default_grid()`` when None). ``batch_size`` is the batch the costs are measured for.
+    """
+    start = time.perf_counter()
+    vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size
+    if grid is None:
+        grid = [t for t in default_grid() if t.top_k <= vd]
+    grid = list(grid)
+    bad = [t for t in grid if not isinstance(t, TreeConfig) or t.top_k > vd]
+    if bad or not grid:
+        raise ValueError(f"grid must be non-empty TreeConfigs with top_k <= {vd} (the draft vocabulary); "
+                         f"bad: {bad[:3]}")
+    default = TreeConfig()
+    covered = grid + ([default] if default.top_k <= vd else [])
+    top_ks, max_depth = sorted({t.top_k for t in covered}), max(t.depth for t in covered)
+    replay = calibrate(model, head, calib_input_ids, top_ks=top_ks, max_depth=max_depth, max_new_tokens=max_new_tokens)
+    if device_costs is None:
+        prefix = sum(n for _, n, _ in replay.spans) // len(replay.spans) + max_new_tokens // 2  # mid-generation
+        sizes = sorted(set(SIZES) | {max(t.total_tokens for t in covered)})
+        device_costs = measure_costs(model, head, sizes=sizes, top_ks=top_ks, depth=max(max_depth, 2),
+                                     prefix_len=prefix, batch_size=batch_size, repeats=repeats)
+    result = rank_trees(replay, device_costs, grid, default=default)
+    result.calibration_seconds = time.perf_counter() - start
+    d = result.default
+    logger.info("tree='auto' chose %s: E[L]=%.2f, %.1f tok/s predicted (TreeConfig(): %s); calibration %.1fs",
+                result.tree, result.chosen.accept_length, result.predicted_tokens_per_second,
+                f"E[L]={d.accept_length:.2f}, {d.tokens_per_second:.1f} tok/s" if d else "not evaluated",
+                result.calibration_seconds)
+    return result
