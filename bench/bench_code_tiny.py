@@ -1,0 +1,223 @@
+"""Speculative decoding on the code-tiny reference model: every method on the same validation prompts, one process.
+
+Methods: plain ``model.generate``; HF prompt-lookup decoding (``prompt_lookup_num_tokens``); HF assisted
+generation with the 2-layer assistant (``assistant_model``); EAGLE and EAGLE-3 through
+``eagle_mm.speculative_generate``, each with a chain and a tree. Each runs greedy and sampled (seeded per
+prompt). Reported per method: tokens/s, the speed-up over ``generate`` in the same decoding mode, and the mean
+acceptance length counted the same way for every method: new tokens / target forwards, every call of the
+target's forward counted by a pre-hook (1.0 for plain generate). HF's assisted and prompt-lookup loops verify
+candidates from their first forward on, so for them this is exactly the tokens gained per verification; EAGLE
+spends one forward on the prefill (which yields one token), so EAGLE rows also give
+``SpeculativeStats.mean_accept_length``, the tokens per verify forward, prefill excluded. Greedy rows say
+whether the output equals ``generate``'s token for token.
+
+Run from the repository root with the package importable (pip install -e . or PYTHONPATH=.):
+
+    python bench/bench_code_tiny.py --out code_tiny.json                      # the shipped model, CPU
+    python bench/bench_code_tiny.py --device cuda --prompts 32 --max-new-tokens 256 --out code_tiny_h200.json
+    python bench/bench_code_tiny.py --zoo-dir BUILD_DIR --prompts 2 --max-new-tokens 8   # any build, e.g. --toy
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import sys
+import time
+
+import torch
+
+METHODS = ("generate", "prompt_lookup", "assisted", "eagle_chain", "eagle_tree", "eagle3_chain", "eagle3_tree")
+MODES = ("greedy", "sampled")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--zoo-dir", default=None, help="a zoo build directory (default: the code-tiny that eagle_mm.zoo "
+                                                    "finds: $EAGLE_MM_ZOO_DIR/code-tiny or the shipped one)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--prompts", type=int, default=16, help="validation prompts used (from the build's prompts.json)")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="auto: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--temperature", type=float, default=0.8, help="sampled mode's temperature")
+    p.add_argument("--seed", type=int, default=0, help="sampled mode: prompt i is seeded with seed + i")
+    p.add_argument("--chain-depth", type=int, default=5, help="draft length of the EAGLE chains")
+    p.add_argument("--depth", type=int, default=None, help="EAGLE tree depth (default: TreeConfig's)")
+    p.add_argument("--top-k", type=int, default=None, help="EAGLE tree top_k (default: TreeConfig's)")
+    p.add_argument("--total-tokens", type=int, default=None, help="EAGLE tree size (default: TreeConfig's)")
+    p.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    return p.parse_args(argv)
+
+
+class ForwardCounter:
+    """Counts calls of a module's forward (a pre-hook; removed on exit)."""
+
+    def __init__(self, module):
+        self.module, self.calls, self._handle = module, 0, None
+
+    def __enter__(self):
+        self.calls = 0
+        self._handle = self.module.register_forward_pre_hook(self._count)
+        return self
+
+    def _count(self, module, args):
+        self.calls += 1
+
+    def __exit__(self, *exc):
+        self._handle.remove()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _runner(zoo, method: str, trees: dict):
+    """fn(enc, options, seed) -> (sequences, SpeculativeStats or None)."""
+    import eagle_mm
+
+    target = zoo.target
+
+    def hf(**extra):
+        def run(enc, options, seed):
+            if seed is not None:
+                torch.manual_seed(seed)
+            return target.generate(**enc, **options, **extra), None
+        return run
+
+    def eagle(head, tree):
+        def run(enc, options, seed):
+            gen = None if seed is None else torch.Generator(device=target.device).manual_seed(seed)
+            out = eagle_mm.speculative_generate(target, head, **enc, **options, tree=tree, generator=gen,
+                                                return_dict_in_generate=True)
+            return out.sequences, out.stats
+        return run
+
+    if method == "generate":
+        return hf()
+    if method == "prompt_lookup":
+        return hf(prompt_lookup_num_tokens=trees["prompt_lookup"])
+    if method == "assisted":
+        return hf(assistant_model=zoo.assistant)
+    kind, shape = method.split("_")
+    return eagle(zoo.eagle_head if kind == "eagle" else zoo.eagle3_head, trees[shape])
+
+
+def run_method(zoo, method, mode, encs, args, trees, reference=None) -> tuple[dict, list]:
+    device = zoo.target.device
+    options = {"max_new_tokens": args.max_new_tokens, "do_sample": mode == "sampled"}
+    if mode == "sampled":
+        options["temperature"] = args.temperature
+    run = _runner(zoo, method, trees)
+    warm = dict(options, max_new_tokens=min(8, args.max_new_tokens))
+    run(encs[0], warm, args.seed if mode == "sampled" else None)  # untimed: lazy inits, allocator, kernels
+    new_tokens = forwards = 0
+    seconds = stats_accepted = stats_drafts = 0.0
+    outputs = []
+    for i, enc in enumerate(encs):
+        seed = args.seed + i if mode == "sampled" else None
+        with ForwardCounter(zoo.target) as counter:
+            _sync(device)
+            tick = time.perf_counter()
+            sequences, stats = run(enc, options, seed)
+            _sync(device)
+            seconds += time.perf_counter() - tick
+        n = sequences.shape[1] - enc["input_ids"].shape[1]
+        new_tokens += n
+        forwards += counter.calls
+        outputs.append(sequences.cpu())
+        if stats is not None:
+            stats_accepted += stats.mean_accept_length * stats.num_drafts
+            stats_drafts += stats.num_drafts
+    row = {
+        "mode": mode, "method": method, "prompts": len(encs), "new_tokens": new_tokens, "seconds": seconds,
+        "tokens_per_s": new_tokens / seconds if seconds else None, "target_forwards": forwards,
+        "mean_accept_length": new_tokens / forwards if forwards else None,  # tokens per target forward
+        "eagle_stats_mean_accept_length": stats_accepted / stats_drafts if stats_drafts else None,
+    }
+    if mode == "greedy" and reference is not None:
+        row["matches_generate"] = all(torch.equal(a, b) for a, b in zip(outputs, reference))
+    return row, outputs
+
+
+def _trees(args) -> dict:
+    from eagle_mm import TreeConfig
+
+    given = {"depth": args.depth, "top_k": args.top_k, "total_tokens": args.total_tokens}
+    tree = TreeConfig(**{k: v for k, v in given.items() if v is not None})
+    return {"chain": TreeConfig.chain(args.chain_depth), "tree": tree, "prompt_lookup": args.prompt_lookup}
+
+
+def _load(args):
+    from eagle_mm import zoo
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+    if args.zoo_dir is not None:
+        return zoo.load_dir(args.zoo_dir, device=device, dtype=dtype)
+    return zoo.load("code-tiny", device=device, dtype=dtype)
+
+
+def _print_table(rows) -> None:
+    print(f"{'mode':8} {'method':14} {'tok/s':>9} {'speed-up':>9} {'accept':>7} {'match':>6}")
+    for r in rows:
+        accept = "n/a" if r["mean_accept_length"] is None else f"{r['mean_accept_length']:.2f}"
+        match = {True: "yes", False: "NO", None: "-"}[r.get("matches_generate")]
+        print(f"{r['mode']:8} {r['method']:14} {r['tokens_per_s']:9.1f} {r['speedup']:8.2f}x {accept:>7} {match:>6}")
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    zoo_model = _load(args)
+    if not zoo_model.prompts:
+        raise SystemExit(f"{zoo_model.path} has no prompts.json")
+    prompts = zoo_model.prompts[: args.prompts]
+    device = zoo_model.target.device
+    encs = [{k: v.to(device) for k, v in zoo_model.tokenizer(p, return_tensors="pt").items()} for p in prompts]
+    trees = _trees(args)
+    methods = ["generate"] + [m for m in args.methods if m != "generate"]  # generate first: the reference
+    rows = []
+    for mode in args.modes:
+        reference = None
+        for method in methods:
+            row, outputs = run_method(zoo_model, method, mode, encs, args, trees, reference)
+            if method == "generate":
+                reference = outputs
+            rows.append(row)
+        base = next(r for r in rows if r["mode"] == mode and r["method"] == "generate")["tokens_per_s"]
+        for r in rows:
+            if r["mode"] == mode:
+                r["speedup"] = r["tokens_per_s"] / base
+    import transformers
+
+    import eagle_mm
+
+    manifest = zoo_model.manifest
+    result = {
+        "meta": {
+            "model": str(zoo_model.path), "toy": manifest.get("toy"), "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "cpu_threads": torch.get_num_threads(), "dtype": str(zoo_model.target.dtype),
+            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "eagle_mm": eagle_mm.__version__, "target_val_loss": manifest.get("target", {}).get("val_loss"),
+            "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+            "seed": args.seed, "chain": dataclasses.asdict(trees["chain"]), "tree": dataclasses.asdict(trees["tree"]),
+            "prompt_lookup_num_tokens": args.prompt_lookup,
+        },
+        "rows": rows,
+    }
+    _print_table(rows)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,129 @@
+"""Finding and loading the reference models: shipped inside the package, or built locally. Nothing is downloaded.
+
+A model directory (what ``python -m eagle_mm.zoo.code_tiny build --out DIR`` writes) holds ``manifest.json``,
+``prompts.json``, ``target/`` (the model and its tokenizer), ``assistant/``, ``eagle/`` and ``eagle3/``.
+``EAGLE_MM_ZOO_DIR``, when set, is the one place searched (``$EAGLE_MM_ZOO_DIR/<name>/``); otherwise the package's
+own ``eagle_mm/zoo/models/<name>/``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["ZOO_ENV", "MODELS", "DEMO_TREES", "ZooModel", "model_dir", "is_available", "load", "load_dir"]
+
+ZOO_ENV = "EAGLE_MM_ZOO_DIR"
+PACKAGE_MODELS = Path(__file__).resolve().parent / "models"
+# name -> the module whose ``build`` makes it
+MODELS = {"code-tiny": "eagle_mm.zoo.code_tiny"}
+# The draft tree a demo uses per device type unless told otherwise. On a CPU a verify forward costs about as
+# much per token as the tokens it checks beyond a handful, so a small tree wins; on a GPU it is nearly flat,
+# so TreeConfig's default. (Measured choices: bench/bench_code_tiny.py --depth/--top-k/--total-tokens.)
+DEMO_TREES = {"cpu": {"depth": 5, "top_k": 2, "total_tokens": 8}, "cuda": {}}
+
+
+@dataclass
+class ZooModel:
+    """A loaded reference model: the target, its tokenizer, both draft heads and the assisted-generation baseline."""
+
+    name: str
+    path: Path
+    target: torch.nn.Module
+    tokenizer: object
+    eagle_head: torch.nn.Module
+    eagle3_head: torch.nn.Module
+    assistant: torch.nn.Module
+    manifest: dict = field(default_factory=dict)
+    prompts: list[str] = field(default_factory=list)  # validation prompts (prompts.json)
+
+    def demo_tree(self):
+        """The ``TreeConfig`` suggested for the target's device type (``DEMO_TREES``)."""
+        from ..config import TreeConfig
+
+        return TreeConfig(**DEMO_TREES.get(self.target.device.type, {}))
+
+
+def _root() -> tuple[Path, str]:
+    env = os.environ.get(ZOO_ENV)
+    if env:
+        return Path(env).expanduser(), f"${ZOO_ENV}={env}"
+    return PACKAGE_MODELS, "the package's models folder"
+
+
+def _check_name(name: str) -> None:
+    if name not in MODELS:
+        raise ValueError(f"unknown zoo model {name!r}; known: {', '.join(sorted(MODELS))}")
+
+
+def model_dir(name: str = "code-tiny") -> Path:
+    """The directory of model ``name``; FileNotFoundError naming the path and the build command when absent."""
+    _check_name(name)
+    root, where = _root()
+    path = root / name
+    missing = [p for p in ("manifest.json", "target", "assistant", "eagle", "eagle3") if not (path / p).exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"the zoo model {name!r} is not at {path} ({where}; missing {', '.join(missing)}). Build it with "
+            f"`python -m {MODELS[name]} build --out {path} --seed 0` (add --device cuda on a GPU), or set {ZOO_ENV} "
+            f"to a directory that holds {name}/")
+    return path
+
+
+def is_available(name: str = "code-tiny") -> bool:
+    """Whether ``load(name)`` would find the model (it may still fail if the files are damaged)."""
+    try:
+        model_dir(name)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _default_dtype(device: torch.device) -> torch.dtype:
+    # bf16 on a GPU (as shipped); fp32 on a CPU, where bf16 matmuls are slow.
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_dir(path, *, device=None, dtype=None, name: str | None = None) -> ZooModel:
+    """Load a model directory written by a zoo build (``load`` finds one by name)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..heads.io import load_head
+
+    path = Path(path)
+    manifest_path = path / "manifest.json"
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"{path} is not a zoo model directory: no manifest.json")
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    if not manifest.get("complete", False):
+        raise ValueError(f"{path} holds an incomplete build (manifest.json 'complete' is false); run the missing "
+                         f"stage: python -m {MODELS.get(manifest.get('name'), 'eagle_mm.zoo.code_tiny')} build "
+                         f"--out {path} --stage heads")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = dtype or _default_dtype(device)
+
+    def causal_lm(sub):
+        # sdpa: flash-attention kernels cannot take the tree mask.
+        model = AutoModelForCausalLM.from_pretrained(str(path / sub), dtype=dtype, attn_implementation="sdpa",
+                                                     local_files_only=True)
+        return model.to(device).eval()
+
+    target = causal_lm("target")
+    prompts_path = path / "prompts.json"
+    prompts = json.loads(prompts_path.read_text(encoding="utf-8"))["prompts"] if prompts_path.is_file() else []
+    return ZooModel(
+        name=name or manifest.get("name", path.name), path=path, target=target,
+        tokenizer=AutoTokenizer.from_pretrained(str(path / "target"), local_files_only=True),
+        eagle_head=load_head(path / "eagle", target=target, dtype=dtype),
+        eagle3_head=load_head(path / "eagle3", target=target, dtype=dtype),
+        assistant=causal_lm("assistant"), manifest=manifest, prompts=prompts)
+
+
+def load(name: str = "code-tiny", device=None, dtype=None) -> ZooModel:
+    """Load reference model ``name`` offline: ``$EAGLE_MM_ZOO_DIR/<name>/`` if that variable is set, else the copy
+    shipped in the package. dtype: default bf16 on CUDA, fp32 on CPU.
+    """
+    return load_dir(model_dir(name), device=device, dtype=dtype, name=name)
