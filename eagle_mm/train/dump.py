@@ -54,6 +54,7 @@ def dump_features(config: TrainConfig, out_dir, *, shard_bytes: int = 1 << 30, a
     if config.target_device_map is not None and acc.num_processes > 1:
         raise ValueError(f"target_device_map={config.target_device_map!r} spreads the target over this "
                          f"machine's devices from one process; run without accelerate launch")
+    # Image rows are refused: dumped features hold no image inputs (the head needs the merged embeddings too).
     rows = read_rows(config.data)[acc.process_index::acc.num_processes]
     model = load_target(config.target, dtype=config.target_dtype, device=acc.device,
                         device_map=config.target_device_map)

@@ -23,11 +23,12 @@ from ..heads import Eagle3Head, EagleHead
 from ..heads.io import load_head
 from .checkpoint import check_resumable, resolve_resume, save_checkpoint
 from .config import TrainConfig
-from .data import BatchPlan, build_draft_vocab, collate, encode_rows, read_rows, regenerate_rows, write_rows
+from .data import (BatchPlan, build_draft_vocab, collate, encode_rows, has_images, read_rows, regenerate_rows,
+                   write_rows)
 from .dump import FeatureStore, feature_layers
 from .evaluate import eval_prompts, mean_accept_length
 from .losses import eagle1_loss, eagle3_loss
-from .target import load_target, load_target_embeddings, load_tokenizer, target_features
+from .target import load_processor, load_target, load_target_embeddings, load_tokenizer, target_features
 
 __all__ = ["train", "TrainResult", "HeadObjective", "make_accelerator"]
 
@@ -92,8 +93,11 @@ def make_accelerator(mixed_precision: str = "no"):
     return acc
 
 
-def train(config: TrainConfig, *, on_step=None) -> TrainResult:
+def train(config: TrainConfig, *, on_step=None, processor=None) -> TrainResult:
     """Train a draft head as ``config`` says; ``on_step(step, metrics)`` is called after every optimizer step.
+
+    ``processor``: the target's HF processor, for rows with images (default: ``AutoProcessor`` from
+    ``config.target``, loaded only when some row has images).
 
     The head is written to ``config.output_dir`` (``from_pretrained`` loads it). Run under ``accelerate launch``
     for several processes. Refuses, before writing anything, to resume a checkpoint of a different run.
@@ -106,7 +110,7 @@ def train(config: TrainConfig, *, on_step=None) -> TrainResult:
     if config.target_device_map is not None and acc.num_processes > 1:
         raise ValueError(f"target_device_map={config.target_device_map!r} cannot be combined with "
                          f"{acc.num_processes} processes: each process holds its own target")
-    target, examples, held_out = _load(config, acc)  # bad data fails here, before anything is written
+    target, examples, held_out = _load(config, acc, processor)  # bad data fails here, before anything is written
     out = Path(config.output_dir)
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -201,15 +205,21 @@ def _metrics(acc, loss: torch.Tensor, stats: torch.Tensor, lr: float) -> dict:
 
 def _batch(examples, target, layers, config: TrainConfig, device) -> dict:
     """A collated batch on ``device``, with target features computed now unless they were dumped."""
-    batch = {k: v.to(device) for k, v in collate(examples).items()}
+    batch = collate(examples)
+    model_inputs = {k: v.to(device) for k, v in batch.pop("model_inputs", {}).items()}
+    batch = {k: v.to(device) for k, v in batch.items()}
     if "features" not in batch:
-        feats, last = target_features(target, layers, batch["input_ids"], batch["attention_mask"],
-                                      with_last=config.kind == "eagle3")
-        batch["features"], batch["last_hidden"] = feats, last
+        # With images: the full VLM forward, and the merged embeddings the head reads (as _prefill gives them).
+        got = target_features(target, layers, batch["input_ids"], batch["attention_mask"],
+                              with_last=config.kind == "eagle3", model_inputs=model_inputs,
+                              input_embeds=bool(model_inputs))
+        batch["features"], batch["last_hidden"] = got[0], got[1]
+        if model_inputs:
+            batch["embeds"] = got[2]
     return batch
 
 
-def _load(config: TrainConfig, acc):
+def _load(config: TrainConfig, acc, processor=None):
     """(target, training examples, held-out examples); the target is loaded whole or embeddings-only."""
     if config.features_dir is not None:
         target = load_target_embeddings(config.target, dtype=config.target_dtype, device=acc.device)
@@ -223,12 +233,17 @@ def _load(config: TrainConfig, acc):
                              device_map=config.target_device_map)
         tokenizer = load_tokenizer(config.target)
         rows = _training_rows(config, acc, target, tokenizer)
-        all_examples = encode_rows(tokenizer, rows, config.max_length, source=config.data)
+        if processor is None and any(has_images(r) for _, r in rows):
+            processor = load_processor(config.target)
+        all_examples = encode_rows(tokenizer, rows, config.max_length, source=config.data, processor=processor)
         cut = len(all_examples) - config.eval_holdout
         examples, held = all_examples[:max(cut, 0)], all_examples[max(cut, 0):]
     if config.eval_data is not None:
         tokenizer = load_tokenizer(config.target)
-        held = encode_rows(tokenizer, read_rows(config.eval_data), config.max_length, source=config.eval_data)
+        eval_rows = read_rows(config.eval_data, images=True)
+        if processor is None and any(has_images(r) for _, r in eval_rows):
+            processor = load_processor(config.target)
+        held = encode_rows(tokenizer, eval_rows, config.max_length, source=config.eval_data, processor=processor)
     if len(examples) == 0:
         raise ValueError(f"eval_holdout={config.eval_holdout} leaves no training rows")
     return target, examples, held
@@ -249,7 +264,7 @@ class _Subset:
 
 
 def _training_rows(config: TrainConfig, acc, model, tokenizer):
-    rows = read_rows(config.data)
+    rows = read_rows(config.data, images=True)
     if not config.regenerate:
         return rows
     cache = Path(config.output_dir) / REGENERATED_NAME
@@ -260,7 +275,7 @@ def _training_rows(config: TrainConfig, acc, model, tokenizer):
         with tqdm(total=len(rows), desc="regenerate") as bar:
             write_rows(cache, regenerate_rows(model, tokenizer, rows, config.regenerate_max_new_tokens, bar.update))
     acc.wait_for_everyone()
-    new = read_rows(cache)
+    new = read_rows(cache, images=True)
     if len(new) != len(rows):
         raise ValueError(f"{cache} has {len(new)} rows but {config.data} has {len(rows)}; delete the stale file")
     return [(n, r) for (n, _), (_, r) in zip(rows, new)]

@@ -47,10 +47,13 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
-def ttt_unroll(head, features: torch.Tensor, input_ids: torch.Tensor, steps: int):
+def ttt_unroll(head, features: torch.Tensor, input_ids: torch.Tensor, steps: int,
+               embeds: torch.Tensor | None = None):
     """Run the head ``steps`` times over the sequence; yields (i, logits (B, T, V_draft)) of each step.
 
     Step i's entry t reads token t+1+i at rotary position t+i and predicts token t+2+i (see the module doc).
+    ``embeds`` (B, T, H): the target's own input embeddings (a VLM's merged text and image embeddings), read in
+    place of the head's token embeddings, so an image position shows the head its image feature as at inference.
     """
     B, T = input_ids.shape
     hidden = head.fuse(features)  # (B, T, H)
@@ -60,7 +63,8 @@ def ttt_unroll(head, features: torch.Tensor, input_ids: torch.Tensor, steps: int
         tokens = shift_left(input_ids, 1 + i)  # (B, T) token t+1+i
         mask = ttt_mask(T, i, device=input_ids.device)
         # Inputs in the head's compute dtype: FSDP mixed precision casts the weights, not the inputs.
-        out, logits, (k, v) = head.step(head.embed(tokens).to(hidden.dtype), hidden, pos + i, mask, past)
+        e = head.embed(tokens) if embeds is None else shift_left(embeds, 1 + i)
+        out, logits, (k, v) = head.step(e.to(hidden.dtype), hidden, pos + i, mask, past)
         past = (k, v) if past is None else (torch.cat((past[0], k), 2), torch.cat((past[1], v), 2))
         yield i, logits
         hidden = out  # pre-norm output, fed back at the same index
@@ -70,9 +74,10 @@ def eagle3_loss(head, batch: dict, *, steps: int, decay: float):
     """Training-time-test loss of an Eagle3Head: sum_i decay**i * soft cross-entropy of step i.
 
     batch: input_ids (B, T), loss_mask (B, T) bool, features (B, T, 3T_h) target aux states, last_hidden
-    (B, T, H) the target's last normed hidden state. The target's distribution is restricted to the draft
-    vocabulary and renormalised there. Returns (loss, stats) with stats (2, steps) [correct; counted] per
-    step: the draft's top token (mapped to the target vocabulary) equals the target's top token.
+    (B, T, H) the target's last normed hidden state; optional embeds (B, T, H) (see ``ttt_unroll``). The
+    target's distribution is restricted to the draft vocabulary and renormalised there. Returns (loss, stats)
+    with stats (2, steps) [correct; counted] per step: the draft's top token (mapped to the target vocabulary)
+    equals the target's top token.
     """
     ids, loss_mask = batch["input_ids"], batch["loss_mask"]
     with torch.no_grad():
@@ -83,7 +88,7 @@ def eagle3_loss(head, batch: dict, *, steps: int, decay: float):
         del logits_t
     total = torch.zeros((), dtype=torch.float32, device=ids.device)
     stats = torch.zeros(2, steps, device=ids.device)
-    for i, logits in ttt_unroll(head, batch["features"], ids, steps):
+    for i, logits in ttt_unroll(head, batch["features"], ids, steps, batch.get("embeds")):
         trained = shift_left(loss_mask, 2 + i, False)  # (B, T) token t+2+i is trained
         weight = (trained & shift_left(in_draft, 1 + i, False)).float()
         p = shift_left(target_logp, 1 + i).exp()  # (B, T, Vd) zeros past the end (weight 0 there)
@@ -113,7 +118,8 @@ def eagle1_loss(head, batch: dict, *, noise: float, p_weight: float, v_weight: f
         x = feats + (torch.rand_like(feats, dtype=torch.float32) - 0.5).to(feats.dtype) * (2 * noise * 512 / T)
     causal = ttt_mask(T, 0, device=ids.device)
     pos = torch.arange(T, device=ids.device).expand(B, T)
-    embeds = head.embed(shift_left(ids, 1)).to(head.fc.weight.dtype)  # see ttt_unroll
+    embeds = head.embed(shift_left(ids, 1)) if batch.get("embeds") is None else shift_left(batch["embeds"], 1)
+    embeds = embeds.to(head.fc.weight.dtype)  # see ttt_unroll
     out, logits, _ = head.step(embeds, x, pos, causal, None)
     trained = shift_left(loss_mask, 2, False).float()  # (B, T)
     goal = shift_left(feats, 1).to(out.dtype)

@@ -15,7 +15,8 @@ from safetensors import safe_open
 from ..arch import resolve_target
 from ..features import FeatureCapture
 
-__all__ = ["load_tokenizer", "load_target", "load_target_embeddings", "target_features", "target_logits"]
+__all__ = ["load_tokenizer", "load_processor", "load_target", "load_target_embeddings", "target_features",
+           "target_logits"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +31,34 @@ def load_tokenizer(path):
     return AutoTokenizer.from_pretrained(path)
 
 
+def load_processor(path):
+    """The target's HF processor (image processor + tokenizer), for image rows; a ValueError if it has none."""
+    from transformers import AutoProcessor
+
+    try:
+        proc = AutoProcessor.from_pretrained(path)
+    except Exception as e:  # AutoProcessor raises several kinds for a folder without processor files
+        raise ValueError(f"the training data has images, but no processor could be loaded from {path} ({e}); save "
+                         f"the target's processor there or pass processor=... to train()") from e
+    if not hasattr(proc, "image_processor"):
+        raise ValueError(f"the training data has images, but {path} holds no image processor (AutoProcessor gave "
+                         f"a {type(proc).__name__}); save the target's processor there or pass processor=...")
+    return proc
+
+
+def _auto_class(config):
+    """AutoModelForCausalLM, or AutoModelForImageTextToText for VLMs that the former does not map (LLaVA)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
 def load_target(path, *, dtype: str = "auto", device=None, device_map=None):
     """The whole target, in eval mode with gradients off (it is never trained and never passed to prepare)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
     kw = {"dtype": _dtype(dtype)}
     if device_map is not None:
@@ -42,7 +68,7 @@ def load_target(path, *, dtype: str = "auto", device=None, device_map=None):
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         kw["device_map"] = {"": device}  # straight onto the device, not through host memory
-    model = AutoModelForCausalLM.from_pretrained(path, **kw)
+    model = _auto_class(AutoConfig.from_pretrained(path)).from_pretrained(path, **kw)
     model.eval().requires_grad_(False)
     resolve_target(model)  # fail early, with its message, on an unsupported architecture
     return model
@@ -54,11 +80,11 @@ def load_target_embeddings(path, *, dtype: str = "auto", device=None):
     Enough for a head trained from dumped features (it needs the embedding, and EAGLE-1 the lm_head),
     without the memory of the decoder layers, which are never run.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=None if dtype == "auto" else _dtype(dtype))
+        model = _auto_class(config).from_config(config, dtype=None if dtype == "auto" else _dtype(dtype))
     names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
     embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = lm_head.weight is embed.weight
@@ -109,22 +135,25 @@ def _takes_logits_to_keep(cls) -> bool:
 
 @torch.no_grad()
 def target_features(model, layers: tuple[int, ...], input_ids, attention_mask, *, with_last: bool,
-                    model_inputs: dict | None = None):
+                    model_inputs: dict | None = None, input_embeds: bool = False):
     """One no-grad target forward: (features (B, T, len(layers) * H), last normed hidden (B, T, H) or None).
 
     The hooks are the ones ``speculative_generate`` uses, so a head trains on exactly what it sees at inference.
+    ``model_inputs``: extra inputs of the forward (a VLM's pixel values and the like). ``input_embeds=True``
+    appends a third value, the input of decoder layer 0 (B, T, H): in a VLM the merged text and image embeddings.
     """
     parts = resolve_target(model)
     n = parts.num_layers
     indices = tuple(layers) + ((n,) if with_last else ())
     kw = {"logits_to_keep": 1} if _takes_logits_to_keep(type(model)) else {}
-    with FeatureCapture(parts, indices) as cap:
+    with FeatureCapture(parts, indices, input_embeds=input_embeds) as cap:
         model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw, **(model_inputs or {}))
         feats = cap.features()  # (B, T, len(indices) * H)
+        embeds = (cap.input_embeds(),) if input_embeds else ()
     if not with_last:
-        return feats, None
+        return (feats, None) + embeds
     width = len(layers) * parts.hidden_size
-    return feats[..., :width], feats[..., width:]
+    return (feats[..., :width], feats[..., width:]) + embeds
 
 
 def target_logits(parts, hidden: torch.Tensor) -> torch.Tensor:
