@@ -38,7 +38,7 @@ from .arch import resolve_target
 from .cache import CacheSnapshot, SlotBook, build_masks, keep_path, layer_kinds
 from .compat import cache_kwarg, output_cache
 from .config import TreeConfig
-from .draft import HeadCache, _additive, draft_tree, extend_head
+from .draft import HeadCache, draft_candidates, draft_tree, extend_head
 from .features import FeatureCapture
 from .kernels import verify_greedy
 from .tree import ancestors, greedy_accept, select_tree
@@ -245,46 +245,10 @@ class _Candidates:
 
 
 def _draft_candidates(head, cache: HeadCache, root_out, root_logits, root_pos, top_k: int, depth: int) -> _Candidates:
-    """``draft_tree``'s greedy candidates before its global rerank, so that one draft serves every total and
-    every smaller depth. The same steps as ``draft_tree`` (tests check that ``select_tree`` over these gives
-    its trees exactly); moving this into draft.py, with draft_tree = this + select_tree, removes the copy."""
-    B, k, dev = root_out.shape[0], top_k, root_out.device
-    dtype = next(head.parameters()).dtype
-    score, ids = torch.log_softmax(root_logits.float(), -1).topk(k, dim=-1)  # (B, k) depth-1 candidates
-    tok = head.draft_to_target(ids)
-    toks, scores, parents = [tok], [score], [torch.full_like(tok, -1)]
-    depths = [torch.ones(k, dtype=torch.long, device=dev)]
-    front_idx = torch.arange(k, device=dev).expand(B, k)  # candidate ids of the frontier
-    front_hidden = root_out[:, None, :].expand(B, k, root_out.shape[-1])
-    front_anc = torch.zeros(B, k, 0, dtype=torch.bool, device=dev)  # ancestry over the drafted entries
-    past_ok, eye = cache.pos >= 0, torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
-    tk = tv = None
-    n_cand = k
-    for d in range(1, depth):
-        pos = (root_pos + d - 1)[:, None].expand(B, k)
-        allowed = torch.cat((past_ok[:, None, :].expand(B, k, -1), front_anc, eye), dim=-1)
-        past = (cache.k, cache.v) if tk is None else (torch.cat((cache.k, tk), 2), torch.cat((cache.v, tv), 2))
-        out, logits, (k_new, v_new) = head.step(head.embed(tok), front_hidden, pos, _additive(allowed, dtype), past)
-        tk = k_new if tk is None else torch.cat((tk, k_new), 2)
-        tv = v_new if tv is None else torch.cat((tv, v_new), 2)
-        logp, ids = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)  # (B, k, k)
-        child_score = (score[..., None] + logp).flatten(1)  # (B, k*k)
-        toks.append(head.draft_to_target(ids).flatten(1))
-        scores.append(child_score)
-        parents.append(front_idx[:, :, None].expand(B, k, k).flatten(1))
-        depths.append(torch.full((k * k,), d + 1, dtype=torch.long, device=dev))
-        pick = torch.sort(child_score, dim=-1, descending=True, stable=True).indices[:, :k]  # (B, k)
-        score, tok = child_score.gather(1, pick), toks[-1].gather(1, pick)
-        par = torch.div(pick, k, rounding_mode="floor")  # frontier slot of each pick's parent
-        front_idx, n_cand = n_cand + pick, n_cand + k * k
-        front_hidden = out.gather(1, par[:, :, None].expand(-1, -1, out.shape[-1]))
-        n_entries = tk.shape[2]
-        own = torch.zeros(B, k, n_entries, dtype=torch.bool, device=dev)
-        own.scatter_(2, (n_entries - k + par)[:, :, None], True)
-        front_anc = torch.cat((front_anc.gather(1, par[:, :, None].expand(-1, -1, front_anc.shape[2])),
-                               torch.zeros(B, k, k, dtype=torch.bool, device=dev)), dim=2) | own
-    return _Candidates(torch.cat(toks, 1).cpu(), torch.cat(parents, 1).cpu(), torch.cat(depths).cpu(),
-                       torch.cat(scores, 1).cpu())
+    """``draft_tree``'s greedy candidates before its global rerank (on the host), so that one draft serves
+    every total and every smaller depth."""
+    c = draft_candidates(head, cache, root_out, root_logits, root_pos, top_k, depth)
+    return _Candidates(c.tokens.cpu(), c.parent.cpu(), c.depth.cpu(), c.score.cpu())
 
 
 @dataclass

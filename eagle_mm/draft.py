@@ -20,7 +20,7 @@ from .processing import reads_input_ids
 from .sampling import sample_children, sibling_scores
 from .tree import Tree, select_tree
 
-__all__ = ["HeadCache", "DraftSampler", "extend_head", "draft_tree"]
+__all__ = ["HeadCache", "DraftSampler", "Candidates", "extend_head", "draft_candidates", "draft_tree"]
 
 
 @dataclass
@@ -106,16 +106,27 @@ def _children(head, logits: torch.Tensor, parent_score: torch.Tensor, parent_log
     return ids, scores, parent_logp[..., None] + child_logq, logq.exp()
 
 
-def draft_tree(head, cache: HeadCache, root: torch.Tensor, root_out: torch.Tensor, root_logits: torch.Tensor,
-               root_pos: torch.Tensor, tree: TreeConfig, sampler: DraftSampler | None = None):
-    """Grow a dynamic tree below ``root`` (B,) at positions ``root_pos`` (B,).
+@dataclass
+class Candidates:
+    """Every node a draft proposed, in creation order (parents first), before the global rerank."""
+
+    tokens: torch.Tensor  # (B, M) target ids
+    parent: torch.Tensor  # (B, M) candidate index of the parent, -1 = the root
+    depth: torch.Tensor  # (M,) 1 for the root's children
+    score: torch.Tensor  # (B, M) rank score (greedy: cumulative draft log-prob)
+    q_rows: list  # sampling mode: q of each expanded node, the root's (B, V) first, then (B, k, V) per level
+    expanded: list  # sampling mode: candidate ids of the nodes each q row belongs to
+
+
+def draft_candidates(head, cache: HeadCache, root_out: torch.Tensor, root_logits: torch.Tensor,
+                     root_pos: torch.Tensor, top_k: int, depth: int,
+                     sampler: DraftSampler | None = None) -> Candidates:
+    """Grow the EAGLE-2 frontier ``depth`` levels deep below the root at ``root_pos`` (B,).
 
     root_out (B, H) / root_logits (B, V_draft): the head's output at the entry that pairs the feature
-    before the root with the root. The head's cache is not modified. Returns (Tree, q) where q
-    (B, N+1, V) is the proposal distribution each node's children were drawn from (sampling mode;
-    zeros for nodes never expanded), or None in greedy mode.
+    before the root with the root. The head's cache is not modified.
     """
-    B, k, dev = root.shape[0], tree.top_k, root.device
+    B, k, dev = root_out.shape[0], top_k, root_out.device
     dtype = next(head.parameters()).dtype
     zero = torch.zeros(B, 1, device=dev)
     tok, score, logp, q = _children(head, root_logits[:, None], zero, zero, k, sampler)
@@ -131,7 +142,7 @@ def draft_tree(head, cache: HeadCache, root: torch.Tensor, root_out: torch.Tenso
     n_cand = k
     past_ok = cache.pos >= 0  # (B, S_h)
     eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
-    for d in range(1, tree.depth):
+    for d in range(1, depth):
         # Run the head on the frontier (depth-d nodes) to propose depth d+1.
         pos = (root_pos + d - 1)[:, None].expand(B, k)  # a depth-d node pairs with the feature at depth d-1
         allowed = torch.cat((past_ok[:, None, :].expand(B, k, -1), front_anc, eye), dim=-1)
@@ -161,11 +172,22 @@ def draft_tree(head, cache: HeadCache, root: torch.Tensor, root_out: torch.Tenso
         own.scatter_(2, (n_entries - k + par)[:, :, None], True)
         front_anc = torch.cat((front_anc.gather(1, par[:, :, None].expand(-1, -1, front_anc.shape[2])),
                                torch.zeros(B, k, k, dtype=torch.bool, device=dev)), dim=2) | own
-    result = select_tree(root, torch.cat(cand_tok, 1), torch.cat(cand_parent, 1), torch.cat(cand_depth),
-                         torch.cat(cand_score, 1), tree.total_tokens)
+    return Candidates(torch.cat(cand_tok, 1), torch.cat(cand_parent, 1), torch.cat(cand_depth),
+                      torch.cat(cand_score, 1), q_rows, expanded)
+
+
+def draft_tree(head, cache: HeadCache, root: torch.Tensor, root_out: torch.Tensor, root_logits: torch.Tensor,
+               root_pos: torch.Tensor, tree: TreeConfig, sampler: DraftSampler | None = None):
+    """Grow a dynamic tree below ``root`` (B,): the candidates, then the global rerank.
+
+    Returns (Tree, q) where q (B, N+1, V) is the proposal distribution each node's children were drawn
+    from (sampling mode; zeros for nodes never expanded), or None in greedy mode.
+    """
+    c = draft_candidates(head, cache, root_out, root_logits, root_pos, tree.top_k, tree.depth, sampler)
+    result = select_tree(root, c.tokens, c.parent, c.depth, c.score, tree.total_tokens)
     if sampler is None:
         return result, None
-    return result, _node_q(result, q_rows, expanded, n_cand)
+    return result, _node_q(result, c.q_rows, c.expanded, c.tokens.shape[1])
 
 
 def _node_q(tree: Tree, q_rows: list, expanded: list, n_cand: int) -> torch.Tensor:
