@@ -25,8 +25,8 @@ import time
 
 import torch
 
-SHAPE_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                intermediate_size=14336, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192)
+from bench.shapes import SHAPE_8B, random_8b_target
+
 
 
 def parse_args(argv=None):
@@ -45,22 +45,11 @@ def parse_args(argv=None):
 
 
 def build(args):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     if not args.cuda:
         from tests.tiny import tiny_model
 
         return tiny_model("llama")
-    cfg = LlamaConfig(**{**SHAPE_8B, "num_hidden_layers": args.layers}, tie_word_embeddings=False)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # initialise in bf16 directly: no 32 GB fp32 detour
-    try:
-        with torch.device("cuda"):
-            model = LlamaForCausalLM(cfg).eval().requires_grad_(False)
-    finally:
-        torch.set_default_dtype(default)
+    model = random_8b_target(args.layers)
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = None
     return model

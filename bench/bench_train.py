@@ -20,8 +20,8 @@ import time
 
 import torch
 
-SHAPE_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                intermediate_size=14336, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192)
+from bench.shapes import SHAPE_8B, random_8b_target
+
 
 
 def parse_args(argv=None):
@@ -38,20 +38,10 @@ def parse_args(argv=None):
 
 
 def build(args):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     import eagle_mm as em
 
-    cfg = LlamaConfig(**{**SHAPE_8B, "num_hidden_layers": args.layers}, tie_word_embeddings=False)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # initialise in bf16 directly: no 32 GB fp32 detour
-    try:
-        with torch.device("cuda"):
-            target = LlamaForCausalLM(cfg).eval().requires_grad_(False)
-    finally:
-        torch.set_default_dtype(default)
+    target = random_8b_target(args.layers)
+    cfg = target.config
     head = em.Eagle3Head.from_target(target, draft_vocab_size=args.draft_vocab).float()
     head.set_draft_vocab(torch.randperm(cfg.vocab_size, generator=torch.Generator().manual_seed(0))[:args.draft_vocab])
     return target, head.train()

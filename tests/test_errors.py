@@ -7,8 +7,7 @@ import transformers as tf
 
 import eagle_mm as em
 from eagle_mm.arch import SUPPORTED_VLMS, resolve_target
-from tests.tiny import prompt, tiny_model
-
+from tests.tiny import module_hooks, prompt, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -21,28 +20,18 @@ def head(model):
     return em.Eagle3Head.from_target(model)
 
 
-def _hooks(model) -> dict[str, tuple]:
-    """Every forward hook / pre-hook id, per module."""
-    out = {}
-    for name, m in model.named_modules():
-        ids = (tuple(m._forward_pre_hooks), tuple(m._forward_hooks))
-        if any(ids):
-            out[name] = ids
-    return out
-
-
 def _no_layer_pre_hooks(model) -> bool:
     return all(not layer._forward_pre_hooks for layer in model.get_decoder().layers)
 
 
 def _fails(model, head, exc, match, **kwargs):
     """speculative_generate raises ``exc`` matching ``match`` and leaves the target's hooks as they were."""
-    before = _hooks(model)
+    before = module_hooks(model)
     kwargs.setdefault("max_new_tokens", 3)
     with pytest.raises(exc, match=match):
         em.speculative_generate(model, head, **kwargs)
     assert _no_layer_pre_hooks(model)
-    assert _hooks(model) == before
+    assert module_hooks(model) == before
 
 
 # ---- input_ids / attention_mask --------------------------------------------------------------------
@@ -126,7 +115,7 @@ def test_attention_implementation_without_4d_masks(impl):
     finally:
         handle.remove()
     assert calls == []  # refused before any forward
-    assert _hooks(model) == {}
+    assert module_hooks(model) == {}
 
 
 @pytest.mark.compat

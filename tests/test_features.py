@@ -6,20 +6,10 @@ import torch
 
 from eagle_mm.arch import resolve_target
 from eagle_mm.features import FeatureCapture
-from tests.tiny import prompt, tiny_model
+from tests.tiny import module_hooks, prompt, tiny_model
 
 N = 6  # layers of the tiny models
 H = 64
-
-
-def _hooks(model) -> dict[str, tuple]:
-    """Every forward hook / pre-hook id, per module (HF installs its own output-recording hooks lazily)."""
-    out = {}
-    for name, m in model.named_modules():
-        ids = (tuple(m._forward_pre_hooks), tuple(m._forward_hooks))
-        if any(ids):
-            out[name] = ids
-    return out
 
 
 def _reference(model, **inputs) -> tuple[torch.Tensor, ...]:
@@ -115,31 +105,31 @@ def test_features_are_cleared_and_missing_ones_raise():
 def test_hooks_exist_only_inside_the_with_block(family):
     model = tiny_model(family)
     _reference(model, input_ids=prompt(3))  # let HF install its own recording hooks first
-    before = _hooks(model)
+    before = module_hooks(model)
     cap = FeatureCapture(resolve_target(model), (0, 2, N))
     with cap:
-        inside = _hooks(model)
+        inside = module_hooks(model)
         with torch.no_grad():
             model(input_ids=prompt(4))
     assert inside != before  # the capture did register hooks (so the check below means something)
-    assert _hooks(model) == before
+    assert module_hooks(model) == before
     cap.features()
 
 
 def test_hooks_are_removed_when_the_forward_raises():
     model = tiny_model("llama")
-    before = _hooks(model)
+    before = module_hooks(model)
     with pytest.raises(IndexError):
         with FeatureCapture(resolve_target(model), (1, N)), torch.no_grad():
             model(input_ids=torch.tensor([[1, 2, 10_000]]))  # out of the vocabulary
-    assert _hooks(model) == before == {}
+    assert module_hooks(model) == before == {}
     # The same capture object cannot leak hooks through re-entry either.
     cap = FeatureCapture(resolve_target(model), (1,))
     for _ in range(2):
         with cap, torch.no_grad():
             model(input_ids=prompt(2))
         cap.features()
-    assert _hooks(model) == {}
+    assert module_hooks(model) == {}
 
 
 @pytest.mark.parametrize("bad", [N + 1, 99, -1])
@@ -147,4 +137,4 @@ def test_out_of_range_index_raises_naming_it(bad):
     model = tiny_model("llama")
     with pytest.raises(ValueError, match=rf"\[{bad}\].*\[0, {N}\]"):
         FeatureCapture(resolve_target(model), (0, bad, 3))
-    assert _hooks(model) == {}
+    assert module_hooks(model) == {}

@@ -46,3 +46,13 @@ def tiny_model(family: str = "llama", seed: int = 0, attn: str | None = None, **
 def prompt(length: int, batch: int = 1, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, V, (batch, length), generator=g)
+
+
+def module_hooks(model) -> dict[str, tuple]:
+    """Every forward hook / pre-hook id, per module (HF installs its own output-recording hooks lazily)."""
+    out = {}
+    for name, m in model.named_modules():
+        ids = (tuple(m._forward_pre_hooks), tuple(m._forward_hooks))
+        if any(ids):
+            out[name] = ids
+    return out
