@@ -115,9 +115,8 @@ class CacheSnapshot:
 def _compact_index(pos: torch.Tensor, width: int):
     """Per row, the indices of the last ``width`` valid slots, right-aligned: (B, w) idx and their pos."""
     valid = pos >= 0
-    w = min(width, int(valid.sum(1).max()))
-    if w == 0:
-        return pos.new_zeros(pos.shape[0], 0), pos.new_zeros(pos.shape[0], 0)
+    # Width from shapes only (no host read): rows with fewer valid slots get -1 padding, which masks hide.
+    w = min(width, pos.shape[1])
     # Score valid slots by index, invalid ones below all: top-w then ascending order keeps the newest w.
     score = torch.where(valid, torch.arange(pos.shape[1], device=pos.device).expand_as(pos), -1)
     top = score.topk(w, dim=1).values.flip(1)  # (B, w) ascending, -1 padding on the left

@@ -100,9 +100,10 @@ def _children(head, logits: torch.Tensor, parent_score: torch.Tensor, parent_log
         path = parent_logp[..., None] + logp
         return head.draft_to_target(ids), path, path, None
     logq = sampler.logq(logits)  # (B, M, V)
-    ids, valid = sample_children(logq, k, sampler.generator)  # (B, M, k) in sample order
+    ids, _ = sample_children(logq, k, sampler.generator)  # (B, M, k) in sample order
     child_logq = logq.gather(-1, ids)
-    scores = sibling_scores(parent_score, parent_logp, child_logq).masked_fill(~valid, float("-inf"))
+    # Invalid draws (q = 0, after q's support) already score -inf in sibling_scores.
+    scores = sibling_scores(parent_score, parent_logp, child_logq)
     return ids, scores, parent_logp[..., None] + child_logq, logq.exp()
 
 

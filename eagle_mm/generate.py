@@ -235,10 +235,13 @@ def _commit(state: DecodeState, new_tokens: list[list[int]], criteria, streamer)
         if state.finished[b]:
             continue
         taken = []
-        for t in toks:
+        # One host tensor per row and cycle; the criteria see growing prefixes of it, as generate() would.
+        seq = torch.tensor(state.prompt[b] + state.generated[b] + toks, dtype=torch.long)[None]
+        start = seq.shape[1] - len(toks)
+        for i, t in enumerate(toks):
             state.generated[b].append(t)
             taken.append(t)
-            if bool(criteria(state.row(b)[None], None).any()):
+            if bool(criteria(seq[:, : start + i + 1], None).any()):
                 state.finished[b] = True
                 break
         if streamer is not None and b == 0 and taken:
