@@ -40,12 +40,16 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
             "model.generate and with eagle_mm.speculative_generate; check that the tokens match and print the "
             "acceptance statistics and the speed-up, both timed in this run. Without the shipped model, or with "
             "--random, a tiny random-init Llama and an untrained head stand in (and say so): the tokens still "
-            "match, but expect a mean accept length near 1 and no speed-up."
+            "match, but expect a mean accept length near 1 and no speed-up. With --image, the scenes-tiny reference "
+            "VLM describes an image instead."
         ),
     )
     parser.add_argument("--max-new-tokens", type=_positive_int, default=64)
     parser.add_argument("--prompt", default=None, metavar="TEXT",
                         help="Python source to complete (default: the first validation prompt of the build)")
+    parser.add_argument("--image", default=None, metavar="PATH",
+                        help="describe this image with the scenes-tiny reference VLM (eagle_mm.zoo.scenes_tiny) "
+                             "instead")
     parser.add_argument("--device", default=None,
                         help="reference model's device (default: cuda if available, else cpu)")
     parser.add_argument("--random", action="store_true",
@@ -74,6 +78,8 @@ def _run_demo(args: argparse.Namespace) -> int:
     # Imported here so `eagle-mm --help` stays fast.
     from . import zoo
 
+    if args.image is not None:
+        return _run_image_demo(args)
     if not args.random:
         try:
             path = zoo.model_dir("code-tiny")
@@ -86,16 +92,43 @@ def _run_demo(args: argparse.Namespace) -> int:
     return _run_random_demo(args)
 
 
-def _timed(device, fn):
-    """(fn(), seconds), the device synchronised around it."""
-    import torch
+def _run_image_demo(args: argparse.Namespace) -> int:
+    if args.random:
+        return _fail("--image runs the scenes-tiny reference VLM; drop --random (the random model is text-only)")
+    if not Path(args.image).is_file():
+        return _fail(f"--image {args.image!r} is not a file; pass the path of a PNG or JPEG image")
+    try:
+        from .zoo import scenes_tiny
+    except ModuleNotFoundError as exc:
+        if exc.name != "eagle_mm.zoo.scenes_tiny":
+            raise
+        return _fail("--image needs the scenes-tiny reference VLM (eagle_mm.zoo.scenes_tiny), which this version of "
+                     "eagle_mm lacks; run `eagle-mm demo` without --image for the code model")
+    from .config import TreeConfig
 
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    result = fn()
-    sync()
-    return result, time.perf_counter() - start
+    given = _tree_kwargs(args)
+    options = {"max_new_tokens": args.max_new_tokens, "device": args.device,
+               "tree": TreeConfig(**given) if given else None}
+    if args.prompt is not None:
+        options["question"] = args.prompt
+    try:
+        result = scenes_tiny.image_demo(image=args.image, **options)
+    except FileNotFoundError as exc:  # the model is not built or not shipped: the message names the build command
+        return _fail(str(exc))
+    print(f"image: {args.image}\nquestion: {result['question']}\ncompletion: {result['completion']}\n---")
+    _print_report(result["identical"], result["mean_accept_length"], result["accept_rate_per_position"],
+                  result["generate_s"], result["speculative_s"])
+    return 0 if result["identical"] else 1
+
+
+def _print_report(identical: bool, mean: float, rates, generate_s: float, speculative_s: float, forwards=None) -> None:
+    print(f"identical: {identical}")
+    print(f"mean accept length: {float(mean):.3f}")
+    print(f"accept rate per position: [{', '.join(f'{float(rate):.3f}' for rate in rates)}]")
+    if forwards is not None:
+        print(f"target forwards: {int(forwards)}")
+    print(f"wall time: generate {generate_s:.3f} s, speculative_generate {speculative_s:.3f} s")
+    print(f"speed-up: {generate_s / speculative_s:.2f}x (one timed run each)")
 
 
 def _print_demo_result(reference, out, prompt_length: int, generate_s: float, speculative_s: float) -> bool:
@@ -104,13 +137,8 @@ def _print_demo_result(reference, out, prompt_length: int, generate_s: float, sp
     new_speculative = out.sequences[0, prompt_length:].tolist()
     identical = new_reference == new_speculative
     stats = out.stats
-    rates = ", ".join(f"{float(rate):.3f}" for rate in stats.accept_rate_per_position)
-    print(f"identical: {identical}")
-    print(f"mean accept length: {float(stats.mean_accept_length):.3f}")
-    print(f"accept rate per position: [{rates}]")
-    print(f"target forwards: {int(stats.num_target_forwards)}")
-    print(f"wall time: generate {generate_s:.3f} s, speculative_generate {speculative_s:.3f} s")
-    print(f"speed-up: {generate_s / speculative_s:.2f}x (one timed run each)")
+    _print_report(identical, stats.mean_accept_length, stats.accept_rate_per_position, generate_s, speculative_s,
+                  forwards=stats.num_target_forwards)
     if not identical:
         first = next(
             (i for i, (a, b) in enumerate(zip(new_reference, new_speculative)) if a != b),
@@ -127,11 +155,12 @@ def _print_demo_result(reference, out, prompt_length: int, generate_s: float, sp
 def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
     import eagle_mm
     from eagle_mm import zoo
+    from eagle_mm.benchmark import timed, zoo_prompts
 
     model = zoo.load_dir(path, device=args.device)
     target, tokenizer = model.target, model.tokenizer
     head = model.eagle3_head if args.kind == "eagle3" else model.eagle_head
-    prompt = args.prompt if args.prompt is not None else model.prompts[0]
+    prompt = args.prompt if args.prompt is not None else zoo_prompts(model.prompts, 1)[0]
     enc = tokenizer(prompt, return_tensors="pt").to(target.device)
     prompt_length = enc["input_ids"].shape[1]
     given = _tree_kwargs(args)
@@ -141,8 +170,8 @@ def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
     # Untimed warm-up of both paths (allocator, kernels, lazy inits), so neither pays it in the timing.
     eagle_mm.speculative_generate(target, head, **enc, **dict(options, max_new_tokens=8), tree=tree)
     target.generate(**enc, **dict(options, max_new_tokens=8))
-    reference, generate_s = _timed(target.device, lambda: target.generate(**enc, **options))
-    out, speculative_s = _timed(target.device, lambda: eagle_mm.speculative_generate(
+    reference, generate_s = timed(target.device, lambda: target.generate(**enc, **options))
+    out, speculative_s = timed(target.device, lambda: eagle_mm.speculative_generate(
         target, head, **enc, **options, tree=tree, return_dict_in_generate=True))
 
     info = model.manifest.get("target", {})
@@ -165,6 +194,7 @@ def _run_random_demo(args: argparse.Namespace) -> int:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import eagle_mm
+    from eagle_mm.benchmark import timed
 
     torch.manual_seed(args.seed)
     # No EOS token: every run decodes exactly --max-new-tokens tokens.
@@ -190,9 +220,9 @@ def _run_random_demo(args: argparse.Namespace) -> int:
     if tree:
         spec_kwargs["tree"] = eagle_mm.TreeConfig(**tree)
 
-    reference, generate_s = _timed(model.device, lambda: model.generate(
+    reference, generate_s = timed(model.device, lambda: model.generate(
         input_ids, max_new_tokens=args.max_new_tokens, do_sample=False))
-    out, speculative_s = _timed(model.device, lambda: eagle_mm.speculative_generate(
+    out, speculative_s = timed(model.device, lambda: eagle_mm.speculative_generate(
         model, head, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
         do_sample=False, return_dict_in_generate=True, **spec_kwargs,
     ))
@@ -371,13 +401,19 @@ def _add_export(subparsers: argparse._SubParsersAction) -> None:
     add_export_parser(subparsers)
 
 
+def _add_bench(subparsers: argparse._SubParsersAction) -> None:
+    from .benchmark import add_bench_parser
+
+    add_bench_parser(subparsers)
+
+
 def _add_train(subparsers: argparse._SubParsersAction) -> None:
     from .train.cli import add_train_parser
 
     add_train_parser(subparsers)
 
 
-_SUBCOMMANDS = (_add_demo, _add_generate, _add_train, _add_export)
+_SUBCOMMANDS = (_add_demo, _add_generate, _add_train, _add_bench, _add_export)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -395,3 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run `eagle-mm` with `argv` (default: sys.argv[1:]); returns the exit status."""
     args = _build_parser().parse_args(argv)
     return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -124,3 +124,126 @@ def test_generate_chat_needs_a_template(capsys, local_dirs, tmp_path):
     status, _, err = _generate(capsys, plain, head, "--chat")
     assert status == 2
     assert "has no chat_template; drop --chat" in err
+
+
+# ---- eagle-mm demo --image --------------------------------------------------------------------------
+def test_demo_image_names_a_missing_file(capsys, tmp_path):
+    assert main(["demo", "--image", str(tmp_path / "nope.png")]) == 2
+    assert f"--image {str(tmp_path / 'nope.png')!r} is not a file" in capsys.readouterr().err
+
+
+def test_demo_image_says_when_the_vlm_is_missing(capsys, tmp_path, monkeypatch):
+    import sys
+
+    from eagle_mm import zoo
+
+    image = tmp_path / "a.png"
+    image.write_bytes(b"\x89PNG")
+    monkeypatch.delattr(zoo, "scenes_tiny", raising=False)
+    monkeypatch.setitem(sys.modules, "eagle_mm.zoo.scenes_tiny", None)  # the import fails as if absent
+    assert main(["demo", "--image", str(image)]) == 2
+    assert "--image needs the scenes-tiny reference VLM (eagle_mm.zoo.scenes_tiny)" in capsys.readouterr().err
+
+
+def test_demo_image_calls_the_image_demo(tmp_path, monkeypatch, capsys):
+    import sys
+    import types
+
+    from eagle_mm import zoo
+
+    calls = []
+
+    def image_demo(**kwargs):
+        calls.append(kwargs)
+        return {"question": "Describe the image.", "completion": "A red circle.", "identical": True,
+                "mean_accept_length": 2.5, "accept_rate_per_position": [0.75, 0.5, 0.25], "generate_s": 1.0,
+                "speculative_s": 0.5, "speedup": 2.0}
+
+    fake = types.ModuleType("eagle_mm.zoo.scenes_tiny")
+    fake.image_demo = image_demo
+    monkeypatch.setitem(sys.modules, "eagle_mm.zoo.scenes_tiny", fake)
+    monkeypatch.setattr(zoo, "scenes_tiny", fake, raising=False)
+    image = tmp_path / "a.png"
+    image.write_bytes(b"\x89PNG")
+    assert main(["demo", "--image", str(image), "--max-new-tokens", "5", "--depth", "3"]) == 0
+    assert calls and calls[0]["image"] == str(image) and calls[0]["max_new_tokens"] == 5
+    assert calls[0]["tree"].depth == 3 and "question" not in calls[0]
+    out = capsys.readouterr().out
+    assert "completion: A red circle." in out and "identical: True" in out and "speed-up: 2.00x" in out
+    assert "accept rate per position: [0.750, 0.500, 0.250]" in out
+
+
+# ---- eagle-mm bench ---------------------------------------------------------------------------------
+def _bench(capsys, *args):
+    status = main(["bench", "--no-progress", *map(str, args)])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_bench_help_names_its_outputs(capsys):
+    with pytest.raises(SystemExit) as excinfo:
+        main(["bench", "--help"])
+    assert excinfo.value.code == 0
+    out = capsys.readouterr().out
+    assert "tokens/s" in out and "--json" in out and "--target" in out
+
+
+def test_bench_on_local_dirs_writes_json(capsys, local_dirs, tmp_path):
+    import json
+
+    target, head = local_dirs
+    out_file = tmp_path / "bench.json"
+    status, out, err = _bench(capsys, "--target", target, "--head", head, "--prompt", "The capital of France is",
+                              "--prompt", "Hello , my name is", "--max-new-tokens", 6, "--depth", 3, "--top-k", 2,
+                              "--total-tokens", 4, "--repeats", 2, "--json", out_file)
+    assert status == 0, err
+    result = json.loads(out_file.read_text())
+    assert [r["method"] for r in result["rows"]] == ["generate", "head"]
+    plain, spec = result["rows"]
+    assert plain["speedup"] == 1.0 and plain["mean_accept_length"] == 1.0 and plain["matches_generate"] is None
+    assert spec["matches_generate"] is True and spec["mean_accept_length"] >= 1.0
+    assert len(spec["accept_rate_per_position"]) == 3 and spec["new_tokens"] == 12
+    assert result["meta"]["tree"] == {"depth": 3, "top_k": 2, "total_tokens": 4}
+    assert result["meta"]["dtype"] == "torch.float32" and result["meta"]["repeats"] == 2
+    assert "speed-up" in out and "head " in out and f"wrote {out_file}" in out
+
+
+def test_bench_json_to_stdout(capsys, local_dirs):
+    import json
+
+    target, head = local_dirs
+    status, out, err = _bench(capsys, "--target", target, "--head", head, "--head", head, "--prompt", "Hello",
+                              "--max-new-tokens", 3, "--json", "-")
+    assert status == 0, err
+    assert [r["method"] for r in json.loads(out)["rows"]] == ["generate", "head", "head'"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--head", "x"], "--head needs --target"),
+    (["--target", "{target}", "--prompt", "Hi"], "--target needs at least one --head DIR"),
+    (["--target", "{target}", "--head", "{head}"], "--target needs at least one --prompt TEXT"),
+    (["--target", "{target}", "--head", "{missing}", "--prompt", "Hi"], "no such directory: {missing}; pass --head"),
+    (["--target", "{target}", "--head", "{head}", "--prompt", "Hi", "--kind", "eagle"], "--zoo-dir and --kind pick"),
+    (["--zoo-dir", "{missing}"], "no such directory: {missing}; pass --zoo-dir"),
+])
+def test_bench_explains_bad_arguments(capsys, local_dirs, tmp_path, args, message):
+    paths = {"target": local_dirs[0], "head": local_dirs[1], "missing": tmp_path / "nowhere"}
+    status, _, err = _bench(capsys, *[a.format(**paths) for a in args])
+    assert status == 2
+    assert message.format(**paths) in err
+
+
+def test_bench_names_a_missing_zoo_model(capsys, tmp_path, monkeypatch):
+    from eagle_mm import zoo
+
+    monkeypatch.setenv(zoo.ZOO_ENV, str(tmp_path))
+    status, _, err = _bench(capsys)
+    assert status == 2
+    assert "python -m eagle_mm.zoo.code_tiny build" in err and "--target DIR --head DIR --prompt TEXT" in err
+
+
+def test_bench_reports_a_bad_tree(capsys, local_dirs):
+    status, _, err = _bench(capsys, "--target", local_dirs[0], "--head", local_dirs[1], "--prompt", "Hi",
+                            "--depth", 2, "--top-k", 2, "--total-tokens", 50)
+    assert status == 2
+    assert "total_tokens=50 exceeds" in err

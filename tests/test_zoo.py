@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import math
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 
 import eagle_mm
 from eagle_mm import zoo
-from eagle_mm.zoo.code_tiny import MB, budget, build, real_config, toy_config
+from eagle_mm.zoo.code_tiny import MB, budget, build, merge_heads, real_config, toy_config
 from eagle_mm.zoo.corpus import def_prompts, is_validation, list_files, load_corpus
 from eagle_mm.zoo.pretrain import ModelShape, PretrainConfig, pretrain
 from eagle_mm.zoo.tokenizer import EOT, load_tokenizer, train_tokenizer
@@ -83,6 +84,7 @@ def test_def_prompts_end_at_a_def_line():
         lines = p.splitlines()
         assert 1 <= len(lines) <= 5
         assert lines[-1].lstrip().startswith(("def ", "class ", "async def ")) and lines[-1].endswith(":")
+        assert p.endswith(":")  # no bare newline token: the body's first token is newline + indent
 
 
 # ---- tokenizer -----------------------------------------------------------------------------------
@@ -140,6 +142,11 @@ def test_heads_stage_needs_the_base_stage(tmp_path):
         build(tmp_path / "x", toy=True, stage="heads")
 
 
+def test_heads_must_be_known(tmp_path):
+    with pytest.raises(ValueError, match="heads must name"):
+        build(tmp_path / "x", toy=True, stage="heads", heads=("medusa",))
+
+
 # ---- the toy build -----------------------------------------------------------------------------
 def test_manifest_describes_the_build(built):
     root, manifest = built
@@ -167,6 +174,39 @@ def test_manifest_describes_the_build(built):
         weights = sum(size for name, size in files.items()
                       if name.startswith(f"{part}/") and name.endswith(".safetensors"))
         assert info["bytes"] <= weights <= info["bytes"] + 8192, part
+
+
+def test_retraining_one_head_keeps_the_other(built, tmp_path):
+    src = built[0] / "code-tiny"
+    out = tmp_path / "code-tiny"
+    shutil.copytree(src, out)
+    before = {p.name: p.read_bytes() for p in (out / "eagle").iterdir()}
+    cfg = toy_config()
+    cfg.heads.lr = 1e-3  # a different run: the retrained head's weights change
+    manifest = build(out, seed=0, toy=True, stage="heads", config=cfg, heads=("eagle3",))
+    assert {p.name: p.read_bytes() for p in (out / "eagle").iterdir()} == before
+    assert manifest["eagle"] == built[1]["eagle"] and manifest["eagle3"] != built[1]["eagle3"]
+    assert manifest["eagle3"]["train_config"]["aux_layers"] == [1, 2, 4]
+    assert manifest["config"]["heads"]["lr"] == 1e-3 and manifest["complete"]
+
+
+def test_heads_trained_apart_merge_into_one_build(built, tmp_path):
+    src = built[0] / "code-tiny"
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(src, a)
+    shutil.copytree(src, b)
+    cfg = toy_config()
+    cfg.heads.lr = 1e-3
+    theirs = build(b, seed=0, toy=True, stage="heads", config=cfg, heads=("eagle3",))
+    merged = merge_heads(a, b, ["eagle3"])
+    assert merged["eagle3"] == theirs["eagle3"] and merged["eagle"] == built[1]["eagle"]
+    assert (a / "eagle3" / "model.safetensors").read_bytes() == (b / "eagle3" / "model.safetensors").read_bytes()
+    assert merged["files"] == theirs["files"] and merged["complete"]
+    other = json.loads((b / "manifest.json").read_text(encoding="utf-8"))
+    other["corpus"]["sha256"] = "0" * 64
+    (b / "manifest.json").write_text(json.dumps(other), encoding="utf-8")
+    with pytest.raises(ValueError, match="same base"):
+        merge_heads(a, b, ["eagle3"])
 
 
 def test_load_from_env_dir(loaded, built):

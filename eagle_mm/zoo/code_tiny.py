@@ -32,7 +32,7 @@ from .corpus import Corpus, def_prompts, load_corpus
 from .pretrain import ModelShape, PretrainConfig, count_parameters, evaluate, pretrain, save_model, token_stream
 from .tokenizer import EOT, load_tokenizer, train_tokenizer
 
-__all__ = ["HeadTraining", "CodeTinyConfig", "real_config", "toy_config", "apply_overrides", "budget", "build",
+__all__ = ["HeadTraining", "CodeTinyConfig", "real_config", "toy_config", "apply_overrides", "budget", "build", "merge_heads",
            "main"]
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ NAME = "code-tiny"
 MANIFEST = "manifest.json"
 PROMPTS = "prompts.json"
 PARTS = ("target", "assistant", "eagle", "eagle3")
-_HEADS_FIELDS = ("heads", "generated_rows", "generated_tokens")  # the configuration the heads stage reads
+_HEADS_FIELDS = ("heads", "generated_rows", "generated_tokens", "generate_batch_size")  # the configuration the heads stage reads
 MB = 10**6
 
 
@@ -50,12 +50,15 @@ class HeadTraining:
     """How both draft heads are trained (fields of ``eagle_mm.train.TrainConfig``)."""
 
     max_length: int = 512
-    epochs: int = 2
+    epochs: int = 3
     max_steps: int | None = None
     batch_size: int = 16
     lr: float = 5e-4
     warmup_ratio: float = 0.02
     eagle3_draft_vocab: int = 4096
+    # hidden_states indices fused by the EAGLE-3 head. The official (2, N//2, N-3) drops the top three of this
+    # 8-layer target's layers; the top one is the feature EAGLE-1 drafts from, so it replaces the third.
+    eagle3_aux_layers: tuple[int, int, int] | None = (2, 4, 8)
     ttt_steps: int = 7
     eval_samples: int = 16
     eval_max_new_tokens: int = 64
@@ -75,8 +78,11 @@ class CodeTinyConfig:
         shape=ModelShape(hidden_size=192, intermediate_size=576, num_layers=2, num_heads=3, num_kv_heads=1),
         max_seconds=150.0))
     heads: HeadTraining = field(default_factory=HeadTraining)
-    generated_rows: int = 256  # target greedy continuations of train-split prompts added to the heads' data
+    # The target's greedy continuations of train-split prompts, added to the heads' data: text exactly as the
+    # target writes it, which is what a drafter is asked to predict at decode time.
+    generated_rows: int = 4096
     generated_tokens: int = 256
+    generate_batch_size: int = 1024
     prompts: int = 64  # validation prompts written to prompts.json
     context_lines: int = 12
     budget_bytes: int | None = 30 * MB  # everything shipped, tokenizer included
@@ -89,7 +95,7 @@ class CodeTinyConfig:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["target"], d["assistant"] = self.target.to_dict(), self.assistant.to_dict()
-        return d
+        return json.loads(json.dumps(d))  # as manifest.json holds it (tuples become lists)
 
 
 def real_config() -> CodeTinyConfig:
@@ -108,7 +114,7 @@ def toy_config() -> CodeTinyConfig:
         assistant=PretrainConfig(shape=dataclasses.replace(shape, num_layers=2, hidden_size=32, num_heads=2,
                                                            num_kv_heads=1), max_steps=10, lr=3e-3, **small),
         heads=HeadTraining(max_length=96, epochs=1, max_steps=12, batch_size=8, lr=3e-3, warmup_ratio=0.1,
-                           eagle3_draft_vocab=256, ttt_steps=3, eval_samples=2, eval_max_new_tokens=8),
+                           eagle3_aux_layers=(1, 2, 4), eagle3_draft_vocab=256, ttt_steps=3, eval_samples=2, eval_max_new_tokens=8),
         generated_rows=4, generated_tokens=16, prompts=8, budget_bytes=None, max_shard_bytes=200_000)
 
 
@@ -200,11 +206,15 @@ def build_base(config: CodeTinyConfig, out: Path, device) -> dict:
         # Bits per byte: the tokenizer-independent form of the validation loss (EOT predictions included).
         entry["val_bits_per_byte"] = entry["val_loss"] * (streams[1].numel() - 1) / val_bytes / math.log(2)
         entries[name] = entry
+    _write_prompts(config, corpus, out)
+    return entries
+
+
+def _write_prompts(config: CodeTinyConfig, corpus: Corpus, out: Path) -> None:
     prompts = def_prompts(corpus.val, config.prompts, context_lines=config.context_lines)
-    (out / PROMPTS).write_text(json.dumps({"source": "validation split: the lines up to a def/class line",
+    (out / PROMPTS).write_text(json.dumps({"source": "validation split: the lines up to a def/class line's colon",
                                            "context_lines": config.context_lines, "prompts": prompts}, indent=1) + "\n",
                                encoding="utf-8")
-    return entries
 
 
 def _text_rows(tokenizer, docs, max_tokens: int) -> list[dict]:
@@ -234,11 +244,12 @@ def _generated_rows(config: CodeTinyConfig, target, tokenizer, corpus: Corpus, s
     device = target.get_input_embeddings().weight.device
     tokenizer.padding_side = "left"
     rows = []
-    for i in range(0, len(prompts), 64):
-        enc = tokenizer(prompts[i: i + 64], return_tensors="pt", padding=True).to(device)
+    step = config.generate_batch_size
+    for i in range(0, len(prompts), step):
+        enc = tokenizer(prompts[i: i + step], return_tensors="pt", padding=True).to(device)
         out = target.generate(**enc, max_new_tokens=config.generated_tokens, do_sample=False)
         new = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
-        rows += [{"text": p + n} for p, n in zip(prompts[i: i + 64], new)]
+        rows += [{"text": p + n} for p, n in zip(prompts[i: i + step], new)]
     return rows
 
 
@@ -258,6 +269,7 @@ def _train_head(kind: str, config: CodeTinyConfig, out: Path, work: Path, data: 
         warmup_ratio=h.warmup_ratio, ttt_steps=h.ttt_steps, eval_samples=h.eval_samples,
         eval_max_new_tokens=h.eval_max_new_tokens, seed=seed, save_every=10**9, keep_checkpoints=1,
         draft_vocab_size=min(h.eagle3_draft_vocab, vocab_size) if kind == "eagle3" else None,
+        aux_layers=h.eagle3_aux_layers if kind == "eagle3" else None,
         mixed_precision="bf16" if device.type == "cuda" else "no",
         target_dtype="auto" if device.type == "cuda" else "float32", save_dtype="bfloat16")
     tick = time.perf_counter()
@@ -272,7 +284,8 @@ def _train_head(kind: str, config: CodeTinyConfig, out: Path, work: Path, data: 
             "val_mean_accept_length": result.mean_accept_length, "seconds": round(time.perf_counter() - tick, 1)}
 
 
-def build_heads(config: CodeTinyConfig, out: Path, device, seed: int, corpus_sha: str | None) -> dict:
+def build_heads(config: CodeTinyConfig, out: Path, device, seed: int, corpus_sha: str | None,
+                kinds: Sequence[str] = ("eagle", "eagle3")) -> dict:
     """Draft-training rows -> EAGLE head -> EAGLE-3 head (the target and tokenizer must be in ``out``)."""
     from transformers import AutoModelForCausalLM
 
@@ -283,6 +296,7 @@ def build_heads(config: CodeTinyConfig, out: Path, device, seed: int, corpus_sha
     if corpus_sha is not None and corpus.digest() != corpus_sha:
         raise ValueError(f"this interpreter's corpus (sha256 {corpus.digest()[:12]}) is not the one the target in "
                          f"{out} was trained on ({corpus_sha[:12]}); run the heads stage with the same Python")
+    _write_prompts(config, corpus, out)  # the heads are evaluated on these: written by the code that trains them
     tokenizer = load_tokenizer(out / "target")
     work = out / ".work"
     shutil.rmtree(work, ignore_errors=True)  # a crashed run's checkpoints would make the trainer refuse to start
@@ -298,7 +312,7 @@ def build_heads(config: CodeTinyConfig, out: Path, device, seed: int, corpus_sha
     entries = {"head_data": {"text_rows": len(rows), "generated_rows": len(generated),
                              "generated_tokens": config.generated_tokens, "max_length": config.heads.max_length,
                              "seconds": round(time.perf_counter() - tick, 1)}}
-    for kind in ("eagle", "eagle3"):
+    for kind in kinds:
         entries[kind] = _train_head(kind, config, out, work, data, eval_data, seed, device, len(tokenizer))
     return entries
 
@@ -332,10 +346,12 @@ def apply_overrides(config: CodeTinyConfig, assignments: Sequence[str]) -> CodeT
 
 
 def build(out, *, seed: int = 0, device: str | None = None, toy: bool = False, stage: str = "all",
-          config: CodeTinyConfig | None = None) -> dict:
+          config: CodeTinyConfig | None = None, heads: Sequence[str] = ("eagle", "eagle3")) -> dict:
     """Build (a stage of) code-tiny into ``out``; returns the manifest, also written to ``out/manifest.json``."""
     if stage not in ("all", "base", "heads"):
         raise ValueError(f"stage must be all, base or heads; got {stage!r}")
+    if not heads or any(k not in ("eagle", "eagle3") for k in heads):
+        raise ValueError(f"heads must name eagle and/or eagle3; got {heads!r}")
     config = (config or (toy_config() if toy else real_config())).with_seed(seed)
     out, dev = Path(out).resolve(), _device(device)
     out.mkdir(parents=True, exist_ok=True)
@@ -353,7 +369,7 @@ def build(out, *, seed: int = 0, device: str | None = None, toy: bool = False, s
     if stage in ("all", "base"):
         manifest.update(build_base(config, out, dev))
     if stage in ("all", "heads"):
-        manifest.update(build_heads(config, out, dev, seed, manifest.get("corpus", {}).get("sha256")))
+        manifest.update(build_heads(config, out, dev, seed, manifest.get("corpus", {}).get("sha256"), heads))
         shutil.rmtree(out / ".work", ignore_errors=True)
     files = _files(out)
     tokenizer_bytes = sum(size for path, size in files.items() if path.startswith("target/tokenizer"))
@@ -376,6 +392,24 @@ def build(out, *, seed: int = 0, device: str | None = None, toy: bool = False, s
     return manifest
 
 
+def merge_heads(out, other, kinds: Sequence[str]) -> dict:
+    """Copy the ``kinds`` heads of build ``other`` (same base, heads trained in parallel) into build ``out``."""
+    out, other = Path(out), Path(other)
+    manifest, theirs = (json.loads((d / MANIFEST).read_text(encoding="utf-8")) for d in (out, other))
+    if manifest.get("corpus", {}).get("sha256") != theirs.get("corpus", {}).get("sha256") or \
+            manifest.get("target", {}).get("val_loss") != theirs.get("target", {}).get("val_loss"):
+        raise ValueError(f"{other} was not built on the same base as {out}; merge only heads of one base build")
+    for kind in kinds:
+        shutil.rmtree(out / kind, ignore_errors=True)
+        shutil.copytree(other / kind, out / kind)
+        manifest[kind] = theirs[kind]
+    files = _files(out)
+    manifest.update(files=files, total_bytes=sum(files.values()),
+                    complete=all((out / p / "config.json").is_file() for p in PARTS))
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return manifest
+
+
 # ---- command line ----------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eagle_mm.zoo.code_tiny", description=__doc__.split("\n\n")[0])
@@ -387,17 +421,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                    "train where accelerate puts them")
     b.add_argument("--toy", action="store_true", help="tiny everything: the whole build runs on a CPU in seconds")
     b.add_argument("--stage", choices=("all", "base", "heads"), default="all")
+    b.add_argument("--heads", nargs="+", choices=("eagle", "eagle3"), default=["eagle", "eagle3"],
+                   help="which draft heads the heads stage (re)trains; the others stay as built")
     b.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
                    help="override configuration fields, e.g. target.max_steps=800 heads.epochs=1 (recorded in "
                         "manifest.json)")
+    m = sub.add_parser("merge", help="take heads trained in another copy of the same base build into --out")
+    m.add_argument("--out", required=True, metavar="DIR")
+    m.add_argument("--from", dest="other", required=True, metavar="DIR")
+    m.add_argument("--heads", nargs="+", choices=("eagle", "eagle3"), required=True)
     sub.add_parser("budget", help="print the parameter and byte arithmetic of the real configuration")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
+    if args.command == "merge":
+        manifest = merge_heads(args.out, args.other, args.heads)
+        print(json.dumps({k: manifest[k].get("val_mean_accept_length") for k in args.heads}))
+        return 0
     if args.command == "budget":
         print(json.dumps(budget(real_config()), indent=1))
         return 0
     config = apply_overrides(toy_config() if args.toy else real_config(), args.set)
-    manifest = build(args.out, seed=args.seed, device=args.device, toy=args.toy, stage=args.stage, config=config)
+    manifest = build(args.out, seed=args.seed, device=args.device, toy=args.toy, stage=args.stage, config=config,
+                     heads=args.heads)
     keys = ("val_loss", "val_perplexity", "val_perplexity_bf16", "val_mean_accept_length", "stopped_early")
     summary = {part: {k: manifest[part][k] for k in keys if k in manifest[part]} for part in PARTS if part in manifest}
     print(json.dumps({"out": args.out, "total_bytes": manifest["total_bytes"], **summary}, indent=1))

@@ -151,13 +151,16 @@ def def_prompts(docs: list[Document], n: int, *, context_lines: int = 12) -> lis
     starting points of the target's own continuations that the draft heads also train on.
 
     Taken round-robin over the files (first def of every file, then the second, ...), so a few prompts already
-    cover several files. Each prompt ends with a newline: the model continues into the body.
+    cover several files. Each prompt ends with the def/class line's colon, not its newline: byte-level BPE
+    merges a newline with the next line's indentation, so the body's first token is "newline + indent", and a
+    prompt that ends in a bare newline token asks for a dedented line (the model then writes a new top-level
+    statement or ends the file).
     """
     per_file = []
     for d in docs:
         lines = d.text.splitlines(keepends=True)
         ends = [i for i, line in enumerate(lines) if _DEF_LINE.match(line) and line.rstrip().endswith(":")]
-        per_file.append([("".join(lines[max(0, i + 1 - context_lines): i + 1])) for i in ends])
+        per_file.append([("".join(lines[max(0, i + 1 - context_lines): i + 1])).rstrip("\r\n") for i in ends])
     prompts = []
     depth = 0
     while len(prompts) < n and any(depth < len(p) for p in per_file):

@@ -1,0 +1,317 @@
+"""`eagle-mm bench`: ``model.generate`` against ``speculative_generate`` (EAGLE, EAGLE-3) on the same prompts.
+
+Greedy decoding, one process. Reported per method: tokens/s, the speed-up over ``generate``, the mean acceptance
+length (``SpeculativeStats``: tokens per verify forward, bonus token included; 1.0 for plain ``generate``), the
+acceptance rate per draft position, and whether the tokens equal ``generate``'s (they must, under greedy
+decoding). The prompt loop is outside the method loop and every (prompt, method) keeps the fastest of
+``repeats`` runs, so a burst of load on a shared machine hits every method alike instead of one.
+
+The full comparison with HF prompt lookup and assisted generation, sampled as well as greedy, is
+bench/bench_code_tiny.py; this module is the small, installed one behind the command line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+__all__ = ["zoo_prompts", "timed", "run_benchmark", "format_table", "add_bench_parser", "run_bench"]
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("eagle", "eagle3")  # the zoo model's heads, by attribute eagle_head / eagle3_head
+
+
+def zoo_prompts(prompts: Sequence[str], count: int | None = None) -> list[str]:
+    """The first ``count`` zoo validation prompts, trailing newlines removed.
+
+    The zoo's prompts end at a ``def``/``class`` line and its newline. A lone newline token at the end is, in
+    the training text, almost always the end of a file (indented lines start with a ``"\\n    "`` token), so the
+    model would often stop at once; without it, the model writes the body.
+    """
+    chosen = list(prompts if count is None else prompts[:count])
+    return [p.rstrip("\n") for p in chosen]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, fn: Callable):
+    """(fn(), seconds), the device synchronised around it."""
+    _sync(device)
+    start = time.perf_counter()
+    result = fn()
+    _sync(device)
+    return result, time.perf_counter() - start
+
+
+def _runners(target, heads: dict, tree, max_new_tokens: int) -> dict[str, Callable]:
+    """name -> fn(enc, max_new_tokens) -> (sequences, SpeculativeStats or None); generate first."""
+    from .generate import speculative_generate
+
+    def plain(enc, n):
+        return target.generate(**enc, max_new_tokens=n, do_sample=False), None
+
+    def speculative(head):
+        def run(enc, n):
+            out = speculative_generate(target, head, **enc, max_new_tokens=n, do_sample=False, tree=tree,
+                                       return_dict_in_generate=True)
+            return out.sequences, out.stats
+        return run
+
+    return {"generate": plain, **{name: speculative(head) for name, head in heads.items()}}
+
+
+def _empty_totals() -> dict:
+    return {"new_tokens": 0, "seconds": 0.0, "drafts": 0, "accepted": 0, "forwards": 0, "counts": [], "match": True}
+
+
+def _add_stats(totals: dict, stats) -> None:
+    totals["drafts"] += stats.num_drafts
+    totals["accepted"] += stats.accepted_tokens
+    totals["forwards"] += stats.num_target_forwards
+    counts = totals["counts"]
+    counts.extend([0] * (len(stats.accept_counts) - len(counts)))
+    for i, c in enumerate(stats.accept_counts):
+        counts[i] += c
+
+
+def run_benchmark(target, tokenizer, heads: dict, prompts: Sequence[str], *, max_new_tokens: int = 64, tree=None,
+                  repeats: int = 1, progress: bool | None = None) -> dict:
+    """Time greedy ``generate`` and ``speculative_generate`` with each head on ``prompts``.
+
+    heads: method name -> attached draft head. tree: a ``TreeConfig`` (default: its defaults). progress: a tqdm
+    bar on stderr (None: only on a terminal). Returns ``{"meta": {...}, "rows": [one dict per method]}``.
+    """
+    from tqdm.auto import tqdm
+
+    from .config import TreeConfig
+
+    if not prompts:
+        raise ValueError("no prompts to benchmark; pass at least one")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats!r}")
+    if "generate" in heads:
+        raise ValueError("'generate' names the plain-decoding baseline; give that head another name")
+    tree = tree or TreeConfig()
+    device = target.device
+    runners = _runners(target, heads, tree, max_new_tokens)
+    # Only what every causal LM takes: some tokenizers add token_type_ids, which generate() would pass on.
+    encs = [{k: v.to(device) for k, v in tokenizer(p, return_tensors="pt").items()
+             if k in ("input_ids", "attention_mask")} for p in prompts]
+    for run in runners.values():  # untimed warm-up: lazy inits, allocator, kernels
+        run(encs[0], min(8, max_new_tokens))
+    totals = {name: _empty_totals() for name in runners}
+    bar = tqdm(total=len(encs) * len(runners) * repeats, desc="bench", unit="run", file=sys.stderr,
+               disable=None if progress is None else not progress)
+    with bar:
+        for enc in encs:
+            reference = None
+            for name, run in runners.items():
+                best = float("inf")
+                for _ in range(repeats):
+                    (sequences, stats), seconds = timed(device, lambda: run(enc, max_new_tokens))
+                    best = min(best, seconds)
+                    bar.update(1)
+                t = totals[name]
+                t["new_tokens"] += sequences.shape[1] - enc["input_ids"].shape[1]
+                t["seconds"] += best
+                if reference is None:
+                    reference = sequences
+                else:
+                    t["match"] = t["match"] and torch.equal(sequences, reference)
+                    _add_stats(t, stats)
+    rows = [_row(name, t, len(encs)) for name, t in totals.items()]
+    base = rows[0]["tokens_per_s"]
+    for row in rows:
+        row["speedup"] = row["tokens_per_s"] / base
+    meta = {"device": str(device), "dtype": str(target.dtype), "prompts": len(encs), "max_new_tokens": max_new_tokens,
+            "repeats": repeats, "tree": {"depth": tree.depth, "top_k": tree.top_k, "total_tokens": tree.total_tokens},
+            "cpu_threads": torch.get_num_threads(), "torch": torch.__version__}
+    logger.info("benchmarked %d method(s) on %d prompt(s)", len(rows), len(encs))
+    return {"meta": meta, "rows": rows}
+
+
+def _row(name: str, t: dict, prompts: int) -> dict:
+    speculative = name != "generate"
+    return {
+        "method": name, "prompts": prompts, "new_tokens": t["new_tokens"], "seconds": t["seconds"],
+        "tokens_per_s": t["new_tokens"] / t["seconds"],
+        # plain decoding: one token per target forward, and nothing drafted
+        "mean_accept_length": t["accepted"] / t["drafts"] if speculative and t["drafts"] else 1.0,
+        "accept_rate_per_position": [c / t["drafts"] for c in t["counts"]] if t["drafts"] else [],
+        "target_forwards": t["forwards"] if speculative else None,
+        "matches_generate": t["match"] if speculative else None,
+    }
+
+
+def format_table(result: dict) -> str:
+    """The rows as a plain-text table, one line per method, the tree and sizes above."""
+    meta = result["meta"]
+    tree = meta["tree"]
+    lines = [f"{meta['prompts']} prompt(s), {meta['max_new_tokens']} new tokens each, greedy, {meta['device']} "
+             f"{meta['dtype']}, best of {meta['repeats']}; tree depth={tree['depth']}, top_k={tree['top_k']}, "
+             f"total_tokens={tree['total_tokens']}",
+             f"{'method':12} {'tok/s':>8} {'speed-up':>9} {'accept':>7} {'match':>6}  accept rate per position"]
+    for r in result["rows"]:
+        match = {True: "yes", False: "NO", None: "-"}[r["matches_generate"]]
+        rates = "[" + ", ".join(f"{x:.2f}" for x in r["accept_rate_per_position"]) + "]"
+        lines.append(f"{r['method']:12} {r['tokens_per_s']:8.1f} {r['speedup']:8.2f}x {r['mean_accept_length']:7.2f} "
+                     f"{match:>6}  {rates if r['accept_rate_per_position'] else '-'}")
+    return "\n".join(lines)
+
+
+# ---- `eagle-mm bench` -----------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Declare `eagle-mm bench`; its handler is ``run_bench``."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="time generate against speculative decoding (tokens/s, speed-up, acceptance)",
+        description=(
+            "Decode greedily with model.generate and with eagle_mm.speculative_generate and each draft head, on the "
+            "same prompts in one process; print tokens/s, the speed-up over generate, the mean acceptance length, "
+            "the acceptance rate per draft position and whether the tokens are identical. Default: the shipped "
+            "reference model code-tiny (its EAGLE and EAGLE-3 heads, its validation prompts). Or your own: "
+            "--target DIR --head DIR [--head DIR ...] --prompt TEXT [--prompt TEXT ...]."
+        ),
+    )
+    parser.add_argument("--target", metavar="DIR", help="local target model directory (default: the zoo's code-tiny)")
+    parser.add_argument("--head", action="append", metavar="DIR", help="draft head directory, with --target "
+                        "(repeat to compare heads); loaded in the target's dtype")
+    parser.add_argument("--zoo-dir", metavar="DIR", help="a zoo model directory (default: code-tiny as eagle_mm.zoo "
+                        "finds it: $EAGLE_MM_ZOO_DIR/code-tiny or the shipped one)")
+    parser.add_argument("--kind", nargs="+", choices=KINDS, default=None,
+                        help="zoo model only: which of its heads to run (default: both)")
+    parser.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeatable; default: the zoo "
+                        "model's validation prompts)")
+    parser.add_argument("--num-prompts", type=_positive_int, default=4, help="zoo validation prompts used (default 4)")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    parser.add_argument("--repeats", type=_positive_int, default=1, help="timed runs per prompt and method; the "
+                        "fastest counts (default 1)")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                        help="target dtype; the heads follow it (auto: float32 on a CPU, where bf16 matmuls are "
+                             "slow; on a GPU the checkpoint's, bf16 for the zoo model)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE ('-': stdout, "
+                        "instead of the table)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tree = parser.add_argument_group("draft tree (default: the zoo's tree for the device, else eagle_mm.TreeConfig)")
+    tree.add_argument("--depth", type=_positive_int, default=None)
+    tree.add_argument("--top-k", type=_positive_int, default=None)
+    tree.add_argument("--total-tokens", type=_positive_int, default=None)
+    parser.set_defaults(func=run_bench)
+
+
+def _fail(message: str) -> int:
+    print(f"eagle-mm bench: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _check_args(args: argparse.Namespace) -> str | None:
+    """The first problem with the arguments, before anything is loaded."""
+    if args.target is None:
+        if args.head:
+            return "--head needs --target (the model the head drafts for); without both, the zoo model runs"
+    else:
+        if args.zoo_dir is not None or args.kind is not None:
+            return "--zoo-dir and --kind pick the zoo model; with --target, pass its heads with --head DIR"
+        if not args.head:
+            return "--target needs at least one --head DIR to compare against generate"
+        if not args.prompt:
+            return "--target needs at least one --prompt TEXT (the zoo's prompts are for the zoo model)"
+        for flag, path in [("--target", args.target)] + [("--head", h) for h in args.head]:
+            if not Path(path).is_dir():
+                return f"no such directory: {path}; pass {flag} a local directory"
+    if args.zoo_dir is not None and not Path(args.zoo_dir).is_dir():
+        return f"no such directory: {args.zoo_dir}; pass --zoo-dir a zoo model directory (it holds manifest.json)"
+    if args.prompt and any(not p for p in args.prompt):
+        return "--prompt '' is empty; pass some text"
+    return None
+
+
+def _load(args: argparse.Namespace):
+    """(target, tokenizer, {method: head}, prompts, default tree)."""
+    from . import zoo
+    from .config import TreeConfig
+
+    dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+    if args.target is None:
+        model = (zoo.load_dir(args.zoo_dir, device=args.device, dtype=dtype) if args.zoo_dir is not None
+                 else zoo.load("code-tiny", device=args.device, dtype=dtype))
+        prompts = args.prompt or zoo_prompts(model.prompts, args.num_prompts)
+        if not prompts:
+            raise ValueError(f"{model.path} has no prompts.json; pass --prompt TEXT")
+        heads = {kind: getattr(model, f"{kind}_head") for kind in (args.kind or KINDS)}
+        return model.target, model.tokenizer, heads, prompts, model.demo_tree()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .heads.io import load_head
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dtype is None:
+        dtype = torch.float32 if device.type == "cpu" else "auto"
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    # sdpa: flash-attention kernels cannot take the tree mask.
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, attn_implementation="sdpa",
+                                                  device_map=device).eval()
+    heads = {}
+    for path in args.head:
+        name = Path(path).resolve().name
+        while name in heads or name == "generate":
+            name += "'"
+        # The target's dtype: a bf16 head beside an fp32 target on a CPU would run bf16 matmuls, which are slow.
+        heads[name] = load_head(path, target=target, dtype=target.dtype)
+    return target, tokenizer, heads, list(args.prompt), TreeConfig()
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Handler of `eagle-mm bench`; returns the exit status."""
+    problem = _check_args(args)
+    if problem:
+        return _fail(problem)
+    from .config import TreeConfig
+
+    given = {"depth": args.depth, "top_k": args.top_k, "total_tokens": args.total_tokens}
+    given = {k: v for k, v in given.items() if v is not None}
+    try:
+        explicit = TreeConfig(**given) if given else None
+        target, tokenizer, heads, prompts, default_tree = _load(args)
+    except FileNotFoundError as exc:
+        hint = "" if args.target else "; or benchmark your own model with --target DIR --head DIR --prompt TEXT"
+        return _fail(f"{exc}{hint}")
+    except (OSError, ValueError) as exc:
+        return _fail(str(exc))
+    result = run_benchmark(target, tokenizer, heads, prompts, max_new_tokens=args.max_new_tokens,
+                           tree=explicit or default_tree, repeats=args.repeats,
+                           progress=False if args.no_progress else None)
+    result["meta"]["model"] = args.target or "code-tiny"
+    text = json.dumps(result, indent=1) + "\n"
+    if args.json == "-":
+        sys.stdout.write(text)
+    else:
+        print(format_table(result))
+        if args.json:
+            Path(args.json).write_text(text, encoding="utf-8")
+            print(f"wrote {args.json}")
+    mismatched = [r["method"] for r in result["rows"] if r["matches_generate"] is False]
+    if mismatched:
+        print(f"eagle-mm bench: error: {', '.join(mismatched)} differ from model.generate(do_sample=False); greedy "
+              "speculative decoding must reproduce it token for token (in bf16/fp16 a near-tie can flip: "
+              "compare with --dtype float32)", file=sys.stderr)
+        return 1
+    return 0

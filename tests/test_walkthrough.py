@@ -1,0 +1,139 @@
+"""The quickstart's walk-through, run as a new user runs it: its marked shell blocks, in order, in one shell.
+
+docs/quickstart.md marks the blocks of its walk-through with ``<!-- walkthrough -->``; this test runs exactly
+those blocks (no copy of the commands lives here, so the page and the test cannot drift apart) in an empty
+folder, through the ``eagle-mm`` console script, and checks what each step promises: identical greedy tokens,
+a trained head, an exported one in the vLLM layout, a benchmark table. ``eagle-mm`` and ``python`` are this
+interpreter (a shim on PATH) and the checkout is on PYTHONPATH, so the test exercises this source tree the way
+``pip install -e .`` would expose it.
+"""
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle_mm import zoo
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "quickstart.md"
+_MARKED = re.compile(r"^<!-- walkthrough -->\n```bash\n(.*?)^```", re.M | re.S)
+_STEP = "### walkthrough step {} ###"
+
+
+def _marked_blocks() -> list[str]:
+    return _MARKED.findall(PAGE.read_text(encoding="utf-8"))
+
+
+def test_the_walkthrough_is_marked():
+    blocks = _marked_blocks()
+    assert len(blocks) >= 5, "docs/quickstart.md lost its <!-- walkthrough --> blocks"
+    text = "\n".join(blocks)
+    for command in ("eagle-mm generate", "eagle-mm train", "eagle-mm export", "--layout vllm", "eagle-mm bench"):
+        assert command in text, f"the walk-through no longer runs {command!r}"
+
+
+def test_the_install_gives_the_console_script():
+    """The walk-through starts after `pip install -e .`: that is what puts `eagle-mm` on PATH."""
+    page = PAGE.read_text(encoding="utf-8")
+    assert "pip install -e ." in page
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    scripts = setup["options.entry_points"]["console_scripts"]
+    assert re.search(r"^\s*eagle-mm = eagle_mm\.cli:main\s*$", scripts, re.M), scripts
+
+
+def _shims(folder: Path) -> Path:
+    """`eagle-mm` and `python` on PATH, both this interpreter (and so this checkout, via PYTHONPATH)."""
+    folder.mkdir()
+    for name, line in (("eagle-mm", f'exec "{sys.executable}" -m eagle_mm "$@"'),
+                       ("python", f'exec "{sys.executable}" "$@"')):
+        shim = folder / name
+        shim.write_text(f"#!/bin/sh\n{line}\n", encoding="utf-8")
+        shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def walked(tmp_path_factory):
+    """(the folder the blocks ran in, {step number: its stdout + stderr})."""
+    if not zoo.is_available("code-tiny"):
+        pytest.skip("the code-tiny reference model is not built (see docs/reference-models.md)")
+    if shutil.which("bash") is None:
+        pytest.skip("the walk-through is bash")
+    base = tmp_path_factory.mktemp("walkthrough")
+    work = base / "work"
+    work.mkdir()
+    blocks = _marked_blocks()
+    # stderr joins stdout, so that each step's logs land in its part of the output
+    script = "set -euo pipefail\nexec 2>&1\n" + "".join(f"echo '{_STEP.format(i)}'\n{b}" for i, b in enumerate(blocks))
+    env = dict(os.environ, PATH=f"{_shims(base / 'bin')}{os.pathsep}{os.environ['PATH']}",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1")  # the suite's one-thread policy (tests/conftest.py)
+    env.pop(zoo.ZOO_ENV, None)  # the shipped model, as a new user has it
+    result = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=280)
+    output = result.stdout
+    assert result.returncode == 0, f"the walk-through failed:\n{output[-6000:]}"
+    parts = re.split(r"^### walkthrough step (\d+) ###$", output, flags=re.M)
+    steps = {int(n): text for n, text in zip(parts[1::2], parts[2::2])}
+    assert sorted(steps) == list(range(len(blocks)))
+    return work, steps, blocks
+
+
+def _step(walked, needle: str) -> str:
+    _, steps, blocks = walked
+    found = [i for i, b in enumerate(blocks) if needle in b]
+    assert found, f"no walk-through block runs {needle!r}"
+    return steps[found[0]]
+
+
+def test_generate_with_the_shipped_model(walked):
+    out = _step(walked, '--head "$MODEL/eagle3" --prompt')
+    assert "greedy outputs match: True" in out, out
+    assert "mean accept length:" in out and "accept rate per position: [" in out and "speed-up:" in out
+
+
+def test_training_data_is_written(walked):
+    rows = [json.loads(line) for line in (walked[0] / "train.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(rows) >= 4 and all(set(r) == {"text"} and r["text"] for r in rows)
+
+
+def test_a_drafter_is_trained(walked):
+    head = walked[0] / "heads" / "my-head"
+    assert (head / "config.json").is_file() and (head / "model.safetensors").is_file()
+    evaluation = json.loads((head / "eval.json").read_text(encoding="utf-8"))
+    assert evaluation["mean_accept_length"] >= 1.0
+    assert "mean acceptance length" in _step(walked, "eagle-mm train")  # the trainer's closing log line
+
+
+def test_the_trained_drafter_generates(walked):
+    out = _step(walked, "--head heads/my-head --prompt")
+    assert "greedy outputs match: True" in out, out
+
+
+def test_the_drafter_is_exported_for_vllm(walked):
+    out = _step(walked, "eagle-mm export")
+    assert "in the vllm layout to exported/vllm" in out and "vllm serve " in out, out
+    exported = walked[0] / "exported" / "vllm"
+    assert sorted(p.name for p in exported.iterdir()) == ["config.json", "model.safetensors"]
+    config = json.loads((exported / "config.json").read_text(encoding="utf-8"))
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["eagle_mm_export"]["layout"] == "vllm"
+
+
+def test_the_benchmark_prints_its_table(walked):
+    out = _step(walked, "eagle-mm bench")
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.split()[:1] and line.split()[0] in ("generate", "eagle", "eagle3")}
+    assert set(rows) == {"generate", "eagle", "eagle3"}, out
+    for name in ("eagle", "eagle3"):
+        assert rows[name][4] == "yes", rows[name]  # identical to generate
+        assert float(rows[name][3]) > 1.5, rows[name]  # mean acceptance length of a trained head
