@@ -1,8 +1,10 @@
 """Speculative decoding on the code-tiny reference model: every method on the same validation prompts, one process.
 
-Methods: plain ``model.generate``; HF prompt-lookup decoding (``prompt_lookup_num_tokens``); HF assisted
+Methods: plain ``model.generate``; ``generate`` with a static cache, which HF compiles on CUDA
+(``generate_compiled``); HF prompt-lookup decoding (``prompt_lookup_num_tokens``); HF assisted
 generation with the 2-layer assistant (``assistant_model``); EAGLE and EAGLE-3 through
-``eagle_mm.speculative_generate``, each with a chain and a tree. Each runs greedy and sampled (seeded per
+``eagle_mm.speculative_generate``, each with a chain and a tree, and EAGLE-3 compiled
+(``cache_implementation="static"``, ``*_compiled``; CUDA only, like ``generate_compiled``). Each runs greedy and sampled (seeded per
 prompt). Reported per method: tokens/s, the speed-up over ``generate`` in the same decoding mode, and the mean
 acceptance length counted the same way for every method: new tokens / target forwards, every call of the
 target's forward counted by a pre-hook (1.0 for plain generate). HF's assisted and prompt-lookup loops verify
@@ -28,7 +30,12 @@ import time
 
 import torch
 
-METHODS = ("generate", "prompt_lookup", "assisted", "eagle_chain", "eagle_tree", "eagle3_chain", "eagle3_tree")
+METHODS = ("generate", "generate_compiled", "prompt_lookup", "assisted", "eagle_chain", "eagle_tree", "eagle3_chain",
+           "eagle3_tree", "eagle3_chain_compiled", "eagle3_tree_compiled")
+# Static cache + torch.compile (CUDA graphs): generate() compiles its decode step only on CUDA, and so does
+# speculative_generate(cache_implementation="static") by default; on a CPU these methods run their static cache
+# uncompiled (rows say "compiled": false).
+COMPILED = ("generate_compiled", "eagle3_chain_compiled", "eagle3_tree_compiled")
 MODES = ("greedy", "sampled")
 
 
@@ -90,16 +97,21 @@ def _runner(zoo, method: str, trees: dict):
             return target.generate(**enc, **options, **extra), None
         return run
 
-    def eagle(head, tree):
+    def eagle(head, tree, **extra):
         def run(enc, options, seed):
             gen = None if seed is None else torch.Generator(device=target.device).manual_seed(seed)
             out = eagle_mm.speculative_generate(target, head, **enc, **options, tree=tree, generator=gen,
-                                                return_dict_in_generate=True)
+                                                return_dict_in_generate=True, **extra)
             return out.sequences, out.stats
         return run
 
     if method == "generate":
         return hf()
+    if method == "generate_compiled":
+        return hf(cache_implementation="static")
+    if method.endswith("_compiled"):
+        kind, shape, _ = method.split("_")
+        return eagle(zoo.eagle3_head, trees[shape], cache_implementation="static")  # compiles on CUDA
     if method == "prompt_lookup":
         return hf(prompt_lookup_num_tokens=trees["prompt_lookup"])
     if method == "assisted":
@@ -115,7 +127,14 @@ def run_method(zoo, method, mode, encs, args, trees, reference=None) -> tuple[di
         options["temperature"] = args.temperature
     run = _runner(zoo, method, trees)
     warm = dict(options, max_new_tokens=min(8, args.max_new_tokens))
-    run(encs[0], warm, args.seed if mode == "sampled" else None)  # untimed: lazy inits, allocator, kernels
+    if method in COMPILED and device.type == "cuda":
+        # Compile (and record the CUDA graphs) untimed, with the longest prompt and the full length: the static
+        # cache sized by this call serves every later one, so the timed calls replay the same graphs.
+        longest = max(encs, key=lambda e: e["input_ids"].shape[1])
+        for _ in range(2):
+            run(longest, options, args.seed if mode == "sampled" else None)
+    else:
+        run(encs[0], warm, args.seed if mode == "sampled" else None)  # untimed: lazy inits, allocator, kernels
     new_tokens = forwards = 0
     seconds = stats_accepted = stats_drafts = 0.0
     outputs = []
@@ -139,6 +158,7 @@ def run_method(zoo, method, mode, encs, args, trees, reference=None) -> tuple[di
         "tokens_per_s": new_tokens / seconds if seconds else None, "target_forwards": forwards,
         "mean_accept_length": new_tokens / forwards if forwards else None,  # tokens per target forward
         "eagle_stats_mean_accept_length": stats_accepted / stats_drafts if stats_drafts else None,
+        "compiled": method in COMPILED and device.type == "cuda",
     }
     if mode == "greedy" and reference is not None:
         row["matches_generate"] = all(torch.equal(a, b) for a, b in zip(outputs, reference))
@@ -164,11 +184,12 @@ def _load(args):
 
 
 def _print_table(rows) -> None:
-    print(f"{'mode':8} {'method':14} {'tok/s':>9} {'speed-up':>9} {'accept':>7} {'match':>6}")
+    print(f"{'mode':8} {'method':22} {'tok/s':>9} {'speed-up':>9} {'vs best HF':>10} {'accept':>7} {'match':>6}")
     for r in rows:
         accept = "n/a" if r["mean_accept_length"] is None else f"{r['mean_accept_length']:.2f}"
         match = {True: "yes", False: "NO", None: "-"}[r.get("matches_generate")]
-        print(f"{r['mode']:8} {r['method']:14} {r['tokens_per_s']:9.1f} {r['speedup']:8.2f}x {accept:>7} {match:>6}")
+        print(f"{r['mode']:8} {r['method']:22} {r['tokens_per_s']:9.1f} {r['speedup']:8.2f}x "
+              f"{r['speedup_vs_best_hf']:9.2f}x {accept:>7} {match:>6}")
 
 
 def main(argv=None) -> dict:
@@ -181,6 +202,9 @@ def main(argv=None) -> dict:
     encs = [{k: v.to(device) for k, v in zoo_model.tokenizer(p, return_tensors="pt").items()} for p in prompts]
     trees = _trees(args)
     methods = ["generate"] + [m for m in args.methods if m != "generate"]  # generate first: the reference
+    if device.type != "cuda" and any(m in COMPILED for m in methods):
+        print(f"{[m for m in methods if m in COMPILED]} run uncompiled (static cache only): torch.compile with CUDA "
+              f"graphs needs a CUDA device, this run is on {device.type}", file=sys.stderr)
     rows = []
     for mode in args.modes:
         reference = None
@@ -190,9 +214,12 @@ def main(argv=None) -> dict:
                 reference = outputs
             rows.append(row)
         base = next(r for r in rows if r["mode"] == mode and r["method"] == "generate")["tokens_per_s"]
+        # The best plain HF path: eager or compiled generate, whichever was faster here.
+        best_hf = max(r["tokens_per_s"] for r in rows if r["mode"] == mode and r["method"].startswith("generate"))
         for r in rows:
             if r["mode"] == mode:
                 r["speedup"] = r["tokens_per_s"] / base
+                r["speedup_vs_best_hf"] = r["tokens_per_s"] / best_hf
     import transformers
 
     import eagle_mm

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
-__all__ = ["TargetParts", "resolve_target", "SUPPORTED_VLMS", "UNSUPPORTED"]
+__all__ = ["TargetParts", "resolve_target", "execution_device", "SUPPORTED_VLMS", "UNSUPPORTED"]
 
 
 @dataclass(frozen=True)
@@ -121,3 +122,25 @@ def _decoder(model: nn.Module, row: _Row):
     for name in row.decoder.split("."):
         module = getattr(module, name, None)
     return module
+
+
+def execution_device(module: nn.Module) -> torch.device:
+    """Where ``module`` computes: its accelerate hook's execution device when a ``device_map`` placed it, else
+    the device of its first parameter or buffer (CPU for a module with neither).
+
+    Under a device_map, a module offloaded to the CPU or disk keeps its weights on "meta" between forwards
+    and runs on the hook's execution device (the main GPU), so ``weight.device`` is not where it computes.
+    """
+    hook = getattr(module, "_hf_hook", None)
+    for h in getattr(hook, "hooks", None) or ([hook] if hook is not None else []):  # SequentialHook or one hook
+        dev = getattr(h, "execution_device", None)
+        if dev is not None:
+            if isinstance(dev, int):  # accelerate's spelling of accelerator device `dev`
+                kind = torch.accelerator.current_accelerator()
+                return torch.device(kind.type if kind is not None else "cuda", dev)
+            return torch.device(dev)
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return torch.device("cpu")

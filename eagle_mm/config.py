@@ -37,6 +37,10 @@ class _HeadConfigBase:
     attention_bias: bool = False
     # Informational only: head positions are never clamped to it.
     max_position_embeddings: int = 2048
+    # With a vision-language target: at image positions the head reads the target's merged image embeddings
+    # (True), or the image placeholder token's own embedding, the image hidden from its input (False: an
+    # ablation). Honoured in training (eagle_mm.train) and by speculative_generate; saved only when False.
+    image_embeds: bool = True
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size"):
@@ -56,6 +60,8 @@ class _HeadConfigBase:
                 f"num_attention_heads {self.num_attention_heads} must be a multiple of "
                 f"num_key_value_heads {self.num_key_value_heads}"
             )
+        if not isinstance(self.image_embeds, bool):
+            raise ValueError(f"image_embeds must be a bool, got {self.image_embeds!r}")
         if self.hidden_act not in ("silu", "gelu", "gelu_pytorch_tanh"):
             raise ValueError(f"hidden_act must be one of silu, gelu, gelu_pytorch_tanh; got {self.hidden_act!r}")
         if self.rope_theta <= 0:
@@ -85,6 +91,8 @@ class _HeadConfigBase:
         }
         if self.rope_scaling is not None:
             d["rope_scaling"] = dict(self.rope_scaling)
+        if not self.image_embeds:  # official layouts have no such key; the default needs none
+            d["image_embeds"] = False
         return d
 
     @classmethod
@@ -97,7 +105,8 @@ class _HeadConfigBase:
             raise ValueError(f"draft heads have exactly one decoder layer; config has num_hidden_layers={d['num_hidden_layers']}")
         kw = {k: d[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")}
         kw["num_key_value_heads"] = d.get("num_key_value_heads") or d["num_attention_heads"]
-        for k in ("head_dim", "rms_norm_eps", "hidden_act", "attention_bias", "max_position_embeddings"):
+        for k in ("head_dim", "rms_norm_eps", "hidden_act", "attention_bias", "max_position_embeddings",
+                  "image_embeds"):
             if d.get(k) is not None:
                 kw[k] = d[k]
         # transformers 5 writes rope settings into `rope_parameters`; older files use `rope_theta`/`rope_scaling`.

@@ -25,9 +25,28 @@ __all__ = ["HeadCache", "DraftSampler", "Candidates", "extend_head", "draft_cand
 
 @dataclass
 class HeadCache:
-    k: torch.Tensor  # (B, nkv, S_h, hd)
-    v: torch.Tensor  # (B, nkv, S_h, hd)
-    pos: torch.Tensor  # (B, S_h) position of each entry, -1 if unused
+    """Dynamic (``length`` None): k/v grow by concatenation. Static: k/v are preallocated buffers of
+    ``pos.shape[1] + scratch`` slots, the first ``length`` committed, the last ``scratch`` reserved for the
+    draft steps of one cycle, so every head step sees the same shapes (what lets it compile once)."""
+
+    k: torch.Tensor  # (B, nkv, S_h, hd); static: (B, nkv, C + scratch, hd)
+    v: torch.Tensor  # like k
+    pos: torch.Tensor  # (B, S_h) position of each entry, -1 if unused; static: (B, C)
+    length: int | None = None  # static: committed entries written so far
+    scratch: int = 0  # static: draft slots after the C committed ones
+
+    @classmethod
+    def static(cls, cache: "HeadCache", capacity: int, scratch: int) -> "HeadCache":
+        """A static cache of ``capacity`` committed slots holding the entries of a dynamic ``cache``."""
+        B, nkv, S, hd = cache.k.shape
+        if S > capacity:
+            raise ValueError(f"head cache of {S} entries does not fit a static capacity of {capacity}")
+        k = cache.k.new_zeros(B, nkv, capacity + scratch, hd)
+        v = cache.v.new_zeros(B, nkv, capacity + scratch, cache.v.shape[-1])
+        k[:, :, :S], v[:, :, :S] = cache.k, cache.v
+        pos = cache.pos.new_full((B, capacity), -1)
+        pos[:, :S] = cache.pos
+        return cls(k, v, pos, S, scratch)
 
 
 @dataclass
@@ -66,12 +85,17 @@ def _additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
 
 
 def extend_head(head, cache: HeadCache | None, hidden: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor,
-                embeds: torch.Tensor | None = None):
+                embeds: torch.Tensor | None = None, *, step=None, advance: int | None = None):
     """Run the head on new committed entries and append them to its cache.
 
     hidden (B, A, F) target features; tokens (B, A) the next tokens; pos (B, A) positions, -1 = padding.
-    Returns (cache, out (B, A, H), logits (B, A, V_draft)).
+    Returns (cache, out (B, A, H), logits (B, A, V_draft)). ``step``: the head's step function (default
+    ``head.step``; the compiled path passes its compiled one). Static cache: all A entries are written at
+    ``cache.length`` and the length advances by ``advance`` (default A): the entries past it are padding
+    that the next cycle overwrites, so A can stay fixed while acceptance varies.
     """
+    if cache is not None and cache.length is not None:
+        return _extend_static(head, cache, hidden, tokens, pos, step or head.step, advance)
     dtype = next(head.parameters()).dtype
     h = head.fuse(hidden)
     e = head.embed(tokens) if embeds is None else embeds.to(h.dtype)
@@ -88,6 +112,27 @@ def extend_head(head, cache: HeadCache | None, hidden: torch.Tensor, tokens: tor
         cache = HeadCache(k, v, pos)
     else:
         cache = HeadCache(torch.cat((cache.k, k), 2), torch.cat((cache.v, v), 2), torch.cat((cache.pos, pos), 1))
+    return cache, out, logits
+
+
+def _extend_static(head, cache: HeadCache, hidden, tokens, pos, step, advance):
+    dtype = next(head.parameters()).dtype
+    B, A = pos.shape
+    n = cache.length
+    if n + A > cache.pos.shape[1]:
+        raise ValueError(f"static head cache full: {n} + {A} entries > capacity {cache.pos.shape[1]}")
+    valid = pos >= 0
+    q = pos[:, :, None]
+    causal = (pos[:, None, :] <= q) & valid[:, None, :]  # (B, A, A)
+    old = (cache.pos[:, None, :] >= 0) & (cache.pos[:, None, :] <= q)  # (B, A, C)
+    scratch = torch.zeros(B, A, cache.scratch, dtype=torch.bool, device=pos.device)
+    allowed = torch.cat((old, scratch, causal), dim=-1)  # (B, A, C + scratch + A)
+    out, logits, (k, v) = step(head.embed(tokens), head.fuse(hidden), pos.clamp(min=0), _additive(allowed, dtype),
+                               (cache.k, cache.v))
+    cache.k[:, :, n:n + A] = k
+    cache.v[:, :, n:n + A] = v
+    cache.pos[:, n:n + A] = pos
+    cache.length = n + (A if advance is None else advance)
     return cache, out, logits
 
 
@@ -121,12 +166,18 @@ class Candidates:
 
 def draft_candidates(head, cache: HeadCache, root_out: torch.Tensor, root_logits: torch.Tensor,
                      root_pos: torch.Tensor, top_k: int, depth: int,
-                     sampler: DraftSampler | None = None) -> Candidates:
+                     sampler: DraftSampler | None = None, *, step=None) -> Candidates:
     """Grow the EAGLE-2 frontier ``depth`` levels deep below the root at ``root_pos`` (B,).
 
     root_out (B, H) / root_logits (B, V_draft): the head's output at the entry that pairs the feature
-    before the root with the root. The head's cache is not modified.
+    before the root with the root. The head's committed entries are not modified (a static cache's
+    scratch slots are). ``step``: the head's step function (default ``head.step``).
     """
+    step = step or head.step
+    static = cache.length is not None
+    if static and cache.scratch < (depth - 1) * top_k:
+        raise ValueError(f"static head cache has {cache.scratch} scratch slots, a depth-{depth} top-{top_k} draft "
+                         f"needs {(depth - 1) * top_k}")
     B, k, dev = root_out.shape[0], top_k, root_out.device
     dtype = next(head.parameters()).dtype
     zero = torch.zeros(B, 1, device=dev)
@@ -138,7 +189,10 @@ def draft_candidates(head, cache: HeadCache, root_out: torch.Tensor, root_logits
     expanded = [torch.full((B, 1), -1, dtype=torch.long, device=dev)]  # candidate id of each q row
     front_idx = torch.arange(k, device=dev).expand(B, k)  # candidate ids of the frontier
     front_hidden = root_out[:, None, :].expand(B, k, root_out.shape[-1])
-    front_anc = torch.zeros(B, k, 0, dtype=torch.bool, device=dev)  # ancestry over tree entries
+    if static:
+        front_hidden = front_hidden.contiguous()  # the strides of the later frontiers: one compiled step for all
+    # Ancestry over the draft's own entries; static: over all scratch slots from the start (fixed shapes).
+    front_anc = torch.zeros(B, k, cache.scratch if static else 0, dtype=torch.bool, device=dev)
     tk = tv = None
     n_cand = k
     past_ok = cache.pos >= 0  # (B, S_h)
@@ -147,10 +201,19 @@ def draft_candidates(head, cache: HeadCache, root_out: torch.Tensor, root_logits
         # Run the head on the frontier (depth-d nodes) to propose depth d+1.
         pos = (root_pos + d - 1)[:, None].expand(B, k)  # a depth-d node pairs with the feature at depth d-1
         allowed = torch.cat((past_ok[:, None, :].expand(B, k, -1), front_anc, eye), dim=-1)
-        past = (cache.k, cache.v) if tk is None else (torch.cat((cache.k, tk), 2), torch.cat((cache.v, tv), 2))
-        out, logits, (k_new, v_new) = head.step(head.embed(tok), front_hidden, pos, _additive(allowed, dtype), past)
-        tk = k_new if tk is None else torch.cat((tk, k_new), 2)
-        tv = v_new if tv is None else torch.cat((tv, v_new), 2)
+        if static:  # the whole buffer; unwritten scratch slots are masked out
+            past = (cache.k, cache.v)
+        else:
+            past = (cache.k, cache.v) if tk is None else (torch.cat((cache.k, tk), 2), torch.cat((cache.v, tv), 2))
+        out, logits, (k_new, v_new) = step(head.embed(tok), front_hidden, pos, _additive(allowed, dtype), past)
+        if static:
+            s0 = cache.pos.shape[1] + (d - 1) * k  # this step's scratch slots
+            cache.k[:, :, s0:s0 + k], cache.v[:, :, s0:s0 + k] = k_new, v_new
+            n_entries = (d - 1) * k + k
+        else:
+            tk = k_new if tk is None else torch.cat((tk, k_new), 2)
+            tv = v_new if tv is None else torch.cat((tv, v_new), 2)
+            n_entries = tk.shape[2]
         child_tok, child_score, child_logp, q = _children(head, logits, score, logp, k, sampler)  # (B, k, k)
         if q is not None:
             q_rows.append(q)  # (B, k, V) one per frontier node
@@ -168,23 +231,24 @@ def draft_candidates(head, cache: HeadCache, root_out: torch.Tensor, root_logits
         front_idx = n_cand + pick
         n_cand += k * k
         front_hidden = out.gather(1, par[:, :, None].expand(-1, -1, out.shape[-1]))
-        n_entries = tk.shape[2]
-        own = torch.zeros(B, k, n_entries, dtype=torch.bool, device=dev)
+        front_anc = front_anc.gather(1, par[:, :, None].expand(-1, -1, front_anc.shape[2]))
+        if not static:
+            front_anc = torch.cat((front_anc, torch.zeros(B, k, k, dtype=torch.bool, device=dev)), dim=2)
+        own = torch.zeros_like(front_anc)
         own.scatter_(2, (n_entries - k + par)[:, :, None], True)
-        front_anc = torch.cat((front_anc.gather(1, par[:, :, None].expand(-1, -1, front_anc.shape[2])),
-                               torch.zeros(B, k, k, dtype=torch.bool, device=dev)), dim=2) | own
+        front_anc = front_anc | own
     return Candidates(torch.cat(cand_tok, 1), torch.cat(cand_parent, 1), torch.cat(cand_depth),
                       torch.cat(cand_score, 1), q_rows, expanded)
 
 
 def draft_tree(head, cache: HeadCache, root: torch.Tensor, root_out: torch.Tensor, root_logits: torch.Tensor,
-               root_pos: torch.Tensor, tree: TreeConfig, sampler: DraftSampler | None = None):
+               root_pos: torch.Tensor, tree: TreeConfig, sampler: DraftSampler | None = None, *, step=None):
     """Grow a dynamic tree below ``root`` (B,): the candidates, then the global rerank.
 
     Returns (Tree, q) where q (B, N+1, V) is the proposal distribution each node's children were drawn
     from (sampling mode; zeros for nodes never expanded), or None in greedy mode.
     """
-    c = draft_candidates(head, cache, root_out, root_logits, root_pos, tree.top_k, tree.depth, sampler)
+    c = draft_candidates(head, cache, root_out, root_logits, root_pos, tree.top_k, tree.depth, sampler, step=step)
     result = select_tree(root, c.tokens, c.parent, c.depth, c.score, tree.total_tokens)
     if sampler is None:
         return result, None

@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save_file
 
+from .arch import execution_device
 from .config import Eagle3Config, EagleConfig, TreeConfig
 from .heads import Eagle3Head, EagleHead
 from .heads.base import DraftHead
@@ -217,7 +218,7 @@ def load_exported(path, target=None, *, layout: str | None = None) -> EagleHead 
     head.load_state_dict(state, strict=False, assign=True)
     if target is not None:
         head.attach(target)
-        head.to(head.target_parts.embed.weight.device)
+        head.to(execution_device(head.target_parts.embed))
     return head.eval()
 
 

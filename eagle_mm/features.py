@@ -3,18 +3,24 @@
 Index i follows HF ``hidden_states``: 0 is the input of the first decoder layer (the input embeddings;
 in a VLM, the merged text+image embeddings), i < N the input of layer i (= output of layer i-1),
 N the final normed output. Nothing in the model is replaced; hooks exist only inside ``with``.
+
+A target split by a ``device_map`` hands each hook its state on the device of the layer before it; the captured
+states are gathered onto one device: ``device``, by default where the input embeddings compute (where
+``speculative_generate`` keeps its token tensors and a head made by ``from_target`` lives).
 """
 from __future__ import annotations
 
 import torch
 
-from .arch import TargetParts
+from .arch import TargetParts, execution_device
 
 __all__ = ["FeatureCapture"]
 
 
 class FeatureCapture:
     """``with FeatureCapture(parts, (2, 5, 9)) as cap: model(...)``; then ``cap.features()`` -> (B, T, 3*hidden).
+
+    ``device``: where the captured states are gathered (default: the input embeddings' execution device).
 
     ``input_embeds=True`` also keeps the input of layer 0 of each forward for ``cap.input_embeds()``: in a VLM, the
     merged text and image embeddings the language model received.
@@ -65,7 +71,7 @@ class FeatureCapture:
         missing = [i for i in self.indices if i not in self._seen]
         if missing:
             raise RuntimeError(f"hidden states {missing} were not captured: the target forward did not run its layers")
-        device = self.device or self._seen[self.indices[0]].device
+        device = self._gather_device()
         out = torch.cat([self._seen[i].to(device) for i in self.indices], dim=-1)
         self._seen.clear()
         return out
@@ -76,4 +82,7 @@ class FeatureCapture:
             raise RuntimeError("no input embeddings were captured: create FeatureCapture(..., input_embeds=True) "
                                "and run a target forward first")
         out, self._embeds = self._embeds, None
-        return out if self.device is None else out.to(self.device)
+        return out.to(self._gather_device())
+
+    def _gather_device(self) -> torch.device:
+        return self.device if self.device is not None else execution_device(self.parts.embed)

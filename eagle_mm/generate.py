@@ -28,6 +28,7 @@ from .options import check_generation_config, pad_id, split_model_inputs
 from .outputs import SpeculativeOutput, SpeculativeStats
 from .processing import process_tree_logits, reads_input_ids
 from .sampling import tree_rejection_sample
+from .static import StaticTarget, cache_length, compiled, resolve_static_options, static_kinds
 from .kernels import verify_greedy
 from .tree import ancestors, path_indices
 
@@ -51,13 +52,16 @@ class DecodeState:
     prompt: list[list[int]]  # per row, the (padded) prompt as generate() sees it
     generated: list[list[int]]  # per row, committed new tokens
     finished: list[bool]
+    target: StaticTarget | None = None  # cache_implementation="static": the target's static cache and verify
+    step: object = None  # the head's step function for the draft and update (compiled or not); None: head.step
 
     def row(self, b: int) -> torch.Tensor:
         return torch.tensor(self.prompt[b] + self.generated[b], dtype=torch.long)
 
 
 def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | str | None = None,
-                         generator: torch.Generator | None = None, autotree_inputs=None, **kwargs):
+                         generator: torch.Generator | None = None, autotree_inputs=None,
+                         cache_implementation: str | None = None, compile: bool | str | None = None, **kwargs):
     """Drop-in for ``model.generate(inputs, **kwargs)`` with EAGLE tree speculation.
 
     Greedy output is token-identical to ``generate``; sampling keeps the target's distribution exactly.
@@ -66,6 +70,12 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | str | N
     ``tree``: a TreeConfig, None for TreeConfig(), or "auto": ``eagle_mm.autotree.choose_tree`` calibrates on
     ``autotree_inputs`` (text prompts) or the first prompt row, on every call; run it once and pass its
     ``.tree`` to decode many prompts.
+    ``cache_implementation``: None/"dynamic" (HF ``DynamicCache``, shapes follow the cache) or "static": a
+    preallocated HF ``StaticLayer`` cache and fixed verify/draft shapes, so that the target's verify forward and
+    the head's steps can run under ``torch.compile``. ``compile`` (static only): None compiles on CUDA with
+    mode "reduce-overhead" (CUDA graphs), as ``generate`` does with a static cache; True the same on any device;
+    False never; or a ``torch.compile`` mode name. The first call compiles (slow); later calls with the same
+    batch size and a cache of the same rounded length reuse the graphs. Tokens equal the dynamic path's.
     """
     if "custom_generate" in kwargs:
         raise ValueError("speculative_generate sets custom_generate itself; do not pass it")
@@ -79,8 +89,10 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | str | N
     # streamer under our own name and turn stop strings into a stopping criterion here.
     streamer = kwargs.pop("streamer", None)
     _stop_strings_to_criteria(model, kwargs)
+    resolve_static_options(cache_implementation, compile)  # fail before generate() does any work
     return model.generate(inputs, custom_generate=custom_generate, head=head, tree=tree, generator=generator,
-                          eagle_streamer=streamer, autotree_inputs=autotree_inputs, **kwargs)
+                          eagle_streamer=streamer, autotree_inputs=autotree_inputs,
+                          eagle_cache_implementation=cache_implementation, eagle_compile=compile, **kwargs)
 
 
 def _stop_strings_to_criteria(model, kwargs: dict) -> None:
@@ -98,12 +110,14 @@ def _stop_strings_to_criteria(model, kwargs: dict) -> None:
 
 def custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
                     streamer=None, head=None, tree=None, generator=None, eagle_streamer=None, autotree_inputs=None,
-                    **model_kwargs):
+                    eagle_cache_implementation=None, eagle_compile=None, **model_kwargs):
     """The speculative loop in the signature of transformers' ``custom_generate`` callables.
 
     ``model.generate(..., custom_generate=eagle_mm.custom_generate, head=head)`` runs it. transformers
-    does not pass ``streamer`` to such callables: stream with ``eagle_streamer=`` on that route.
+    does not pass ``streamer`` to such callables: stream with ``eagle_streamer=`` on that route, and choose the
+    cache with ``eagle_cache_implementation=`` / ``eagle_compile=`` (see ``speculative_generate``).
     """
+    static, mode = resolve_static_options(eagle_cache_implementation, eagle_compile)
     if eagle_streamer is not None:
         streamer = eagle_streamer
         streamer.put(input_ids.cpu())
@@ -114,12 +128,17 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         raise TypeError(f"tree must be a TreeConfig, None or 'auto', got {type(tree).__name__} {tree!r}")
     if synced_gpus:
         raise ValueError("synced_gpus=True is not supported by speculative decoding")
+    if mode == "auto":
+        mode = "reduce-overhead" if input_ids.device.type == "cuda" else None
     gen = generation_config
     check_generation_config(gen)
     _check_attention(model)
     parts = resolve_target(model)
     attention_mask, position_ids, extra = split_model_inputs(input_ids, model_kwargs,
                                                              PREFILL_INPUTS if parts.is_vlm else ())
+    if static and parts.is_vlm:
+        raise ValueError(f"cache_implementation='static' supports text-only targets; {parts.model_type} is a "
+                         f"vision-language model: use the dynamic cache")
     images = image_prompt(parts, model.config, input_ids, extra) if parts.is_vlm else None
     autotree = None
     if isinstance(tree, str):
@@ -131,15 +150,24 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         raise ValueError(f"tree top_k={tree.top_k} exceeds the head's draft vocabulary of {vd} tokens")
     sampler = DraftSampler.from_processors(logits_processor, head, generator) if gen.do_sample else None
     stats = SpeculativeStats(accept_counts=[0] * tree.depth, tree=tree, autotree=autotree)
-    with FeatureCapture(parts, head.feature_layers(parts.num_layers), input_embeds=parts.is_vlm) as cap:
+    with FeatureCapture(parts, head.feature_layers(parts.num_layers), input_embeds=head.reads_images(parts)) as cap:
         t0 = time.perf_counter()
+        target = None
+        if static:
+            kinds = static_kinds(parts.text_config, parts.num_layers)
+            length = cache_length(input_ids.shape[1], gen.max_length, input_ids.shape[0], tree.total_tokens + 1,
+                                  tree.depth)
+            target = StaticTarget(model, input_ids.shape[0], length, kinds, mode)
         state = _prefill(model, head, cap, input_ids, attention_mask, position_ids, images, logits_processor, gen,
-                         generator)
-        kinds = layer_kinds(state.cache, parts.text_config)
+                         generator, target, tree)
+        if static:
+            state.step = compiled(head, "step", head.step, mode) if mode else None
+        else:
+            kinds = layer_kinds(state.cache, parts.text_config)
         _commit(state, state.root[:, None].tolist(), stopping_criteria, streamer)
         stats.time_other += time.perf_counter() - t0
         while not all(state.finished):
-            _check_cache_room(parts, state.slots.full.shape[1], tree)
+            _check_cache_room(parts, target.cur if static else state.slots.full.shape[1], tree)
             _cycle(model, head, cap, state, kinds, tree, gen, logits_processor, stopping_criteria, streamer,
                    sampler, generator, stats)
     if streamer is not None:
@@ -201,12 +229,14 @@ def _choose(scores: torch.Tensor, do_sample: bool, generator) -> torch.Tensor:
 
 
 def _prefill(model, head, cap, input_ids, attention_mask, position_ids, images, processors, gen,
-             generator) -> DecodeState:
+             generator, target: StaticTarget | None = None, tree: TreeConfig | None = None) -> DecodeState:
     B = input_ids.shape[0]
     extra, model_pos = {}, position_ids
     if images is not None:  # a VLM: images (encoded once, here), token types, M-RoPE positions
         extra = images.inputs
         model_pos = images.positions if images.positions is not None else position_ids
+    if target is not None:
+        extra = {**extra, cache_kwarg(model): target.cache}
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=model_pos, **extra, use_cache=True)
     feats = cap.features()  # (B, L, F)
     scores = out.logits[:, -1].float()
@@ -221,11 +251,15 @@ def _prefill(model, head, cap, input_ids, attention_mask, position_ids, images, 
         embeds = torch.cat((cap.input_embeds()[:, 1:], head.embed(root[:, None]).to(feats.device)), 1)
     hcache, h_out, h_logits = extend_head(head, None, feats, head_tokens, slot_pos, embeds=embeds)
     cache = output_cache(out)
+    if target is not None:
+        target.prefilled(slot_pos)
+        # The head's static cache: as many committed slots as the target's, and scratch for one draft.
+        hcache = HeadCache.static(hcache, target.length, (tree.depth - 1) * tree.top_k)
     return DecodeState(
         cache=cache, slots=SlotBook.after_prefill(cache, slot_pos), head_cache=hcache, root=root,
         root_pos=position_ids[:, -1] + 1, root_out=h_out[:, -1], root_logits=h_logits[:, -1],
         rope_offsets=rope_offsets(images, position_ids) if images is not None else None,
-        prompt=input_ids.tolist(), generated=[[] for _ in range(B)], finished=[False] * B,
+        prompt=input_ids.tolist(), generated=[[] for _ in range(B)], finished=[False] * B, target=target,
     )
 
 
@@ -253,24 +287,28 @@ def _cycle(model, head, cap, state: DecodeState, kinds, tree_cfg: TreeConfig, ge
     D = tree_cfg.depth
     t0 = time.perf_counter()
     tree, q_nodes = draft_tree(head, state.head_cache, state.root, state.root_out, state.root_logits,
-                               state.root_pos, tree_cfg, sampler=sampler)
+                               state.root_pos, tree_cfg, sampler=sampler, step=state.step)
     t1 = time.perf_counter()
 
     # Verify: root + N nodes in one target forward with the tree mask.
     q_pos = state.root_pos[:, None] + tree.depth  # (B, N+1)
-    masks = build_masks(kinds, state.slots, q_pos, ancestors(tree.parent, D), model.dtype)
-    snap = CacheSnapshot(state.cache, tree.size)
-    out = model(input_ids=tree.tokens, attention_mask=masks, position_ids=verify_positions(q_pos, state.rope_offsets),
-                **{cache_kwarg(model): state.cache}, use_cache=True)
+    positions = verify_positions(q_pos, state.rope_offsets)
+    if state.target is not None:
+        target_logits = state.target.verify(tree.tokens, q_pos, tree.parent, D, positions)  # (B, N+1, V)
+    else:
+        masks = build_masks(kinds, state.slots, q_pos, ancestors(tree.parent, D), model.dtype)
+        snap = CacheSnapshot(state.cache, tree.size)
+        target_logits = model(input_ids=tree.tokens, attention_mask=masks, position_ids=positions,
+                              **{cache_kwarg(model): state.cache}, use_cache=True).logits
     feats = cap.features()  # (B, N+1, F)
     rows = [state.row(b) for b in range(len(state.prompt))] if reads_input_ids(processors) else []
     if sampler is None:
         # Greedy: argmax at every node, matched against each child (fused Triton kernel on CUDA).
-        logits = process_tree_logits(processors, rows, tree, out.logits, D) if processors else out.logits
+        logits = process_tree_logits(processors, rows, tree, target_logits, D) if processors else target_logits
         accept_len, best, bonus, path = verify_greedy(logits, tree.tokens, tree.parent, tree.depth, D,
                                                       with_path=True)
     else:
-        scores = process_tree_logits(processors, rows, tree, out.logits, D)  # (B, N+1, V) fp32
+        scores = process_tree_logits(processors, rows, tree, target_logits, D)  # (B, N+1, V) fp32
         accept_len, best, bonus = tree_rejection_sample(tree, torch.softmax(scores, -1), q_nodes, generator)
         path = path_indices(tree, best, D)  # (B, D+1)
     bonus = bonus[:, None]  # (B, 1)
@@ -286,15 +324,21 @@ def _cycle(model, head, cap, state: DecodeState, kinds, tree_cfg: TreeConfig, ge
     _count(stats, acc, state.finished, tree.size - 1)
     _commit(state, [host[b, 1: acc[b] + 2].tolist() for b in range(len(acc))], criteria, streamer)
 
-    # Keep root + accepted nodes in the target cache (A slots for every row; shorter paths padded).
+    # Keep root + accepted nodes in the target cache (A slots for every row; shorter paths padded). A static
+    # cache keeps D+1 slots (fixed shapes) and advances by A: the padding past A is overwritten next cycle.
     A = max(acc) + 1
-    keep = path[:, :A]  # (B, A)
-    valid = j[:, :A] <= accept_len[:, None]  # (B, A)
+    K = D + 1 if state.target is not None else A
+    keep = path[:, :K]  # (B, K)
+    valid = j[:, :K] <= accept_len[:, None]  # (B, K)
     new_pos = torch.where(valid, q_pos.gather(1, keep), torch.full_like(keep, -1))
-    keep_path(state.cache, snap, state.slots, keep, new_pos, tree.size)
+    if state.target is not None:
+        state.target.keep(keep, new_pos, A)
+    else:
+        keep_path(state.cache, snap, state.slots, keep, new_pos, tree.size)
     # Head: entries pairing each kept node's true feature with the next committed token.
     hidden = feats.gather(1, keep[:, :, None].expand(-1, -1, feats.shape[-1]))
-    state.head_cache, h_out, h_logits = extend_head(head, state.head_cache, hidden, new_tok[:, :A], new_pos)
+    state.head_cache, h_out, h_logits = extend_head(head, state.head_cache, hidden, new_tok[:, :K], new_pos,
+                                                    step=state.step, advance=A)
     last = accept_len[:, None, None]  # column of the bonus entry
     state.root_out = h_out.gather(1, last.expand(-1, -1, h_out.shape[-1])).squeeze(1)
     state.root_logits = h_logits.gather(1, last.expand(-1, -1, h_logits.shape[-1])).squeeze(1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..arch import TargetParts, resolve_target
+from ..arch import TargetParts, execution_device, resolve_target
 from .layers import rope_cos_sin, rope_inv_freq
 
 
@@ -63,6 +63,11 @@ class DraftHead(nn.Module):
                 f"(target text hidden_size {parts.hidden_size})"
             )
 
+    def reads_images(self, parts: TargetParts) -> bool:
+        """Whether the head reads the target's merged input embeddings (image features at image positions) rather
+        than its own token embeddings: with a vision-language target, unless ``config.image_embeds`` is False."""
+        return parts.is_vlm and getattr(self.config, "image_embeds", True)
+
     def feature_layers(self, num_layers: int) -> tuple[int, ...]:
         """HF ``hidden_states`` indices this head reads from a target with ``num_layers`` layers."""
         raise NotImplementedError
@@ -99,7 +104,7 @@ class DraftHead(nn.Module):
         """Token embeddings from the target's (frozen, shared) embedding table: (B, Q) -> (B, Q, H)."""
         emb = self.target_parts.embed
         with torch.no_grad():
-            return emb(input_ids.to(emb.weight.device)).to(self._dtype_device()[1])
+            return emb(input_ids.to(execution_device(emb))).to(self._dtype_device()[1])
 
     def rope(self, position_ids: torch.Tensor):
         dtype, device = self._dtype_device()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..arch import execution_device
 from ..config import EagleConfig
 from .base import DraftHead
 from .layers import MLP, Attention, RMSNorm
@@ -63,7 +64,7 @@ class EagleHead(DraftHead):
         kw.update(overrides)
         head = cls(EagleConfig(**kw))
         dtype = parts.embed.weight.dtype
-        return head.to(device=parts.embed.weight.device, dtype=dtype).attach(model)
+        return head.to(device=execution_device(parts.embed), dtype=dtype).attach(model)
 
     def feature_layers(self, num_layers: int) -> tuple[int, ...]:
         return (num_layers,)
@@ -80,5 +81,5 @@ class EagleHead(DraftHead):
         cos, sin = self.rope(position_ids)
         out, kv = self.layers[0](x, cos, sin, mask, past)
         lm_head = self.target_parts.lm_head
-        logits = lm_head(out.to(lm_head.weight.device, lm_head.weight.dtype)).float()  # (B, Q, V)
+        logits = lm_head(out.to(execution_device(lm_head), lm_head.weight.dtype)).float()  # (B, Q, V)
         return out, logits.to(out.device), kv

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..arch import execution_device
 from ..config import Eagle3Config
 from .base import DraftHead
 from .layers import MLP, Attention, RMSNorm
@@ -75,7 +76,7 @@ class Eagle3Head(DraftHead):
         )
         kw.update(overrides)
         head = cls(Eagle3Config(**kw))
-        return head.to(device=parts.embed.weight.device, dtype=parts.embed.weight.dtype).attach(model)
+        return head.to(device=execution_device(parts.embed), dtype=parts.embed.weight.dtype).attach(model)
 
     def feature_layers(self, num_layers: int) -> tuple[int, ...]:
         aux = self.config.aux_layers or Eagle3Config.default_aux_layers(num_layers)

@@ -21,7 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..arch import resolve_target
+from ..arch import execution_device, resolve_target
 from ..config import Eagle3Config, EagleConfig
 from .base import DraftHead
 from .eagle import EagleHead
@@ -216,7 +216,7 @@ def load_head(
     if target is not None:
         head.attach(target)
         if device is None:
-            device = head.target_parts.embed.weight.device
+            device = execution_device(head.target_parts.embed)
     if device is not None:
         head.to(device)
     head.eval()

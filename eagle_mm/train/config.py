@@ -48,6 +48,9 @@ class TrainConfig:
                                          "(default min(32000, target vocab))", default=None)
     aux_layers: tuple[int, ...] | None = _help("EAGLE-3 target hidden_states indices (default 2, N//2, N-3)",
                                                default=None)
+    image_embeds: bool = _help("with a vision-language target, the head reads the merged image embeddings at image "
+                               "positions; --no-image-embeds hides them (the placeholder token's embedding "
+                               "instead: an ablation), saved in the head's config", default=True)
     init_head: str | None = _help("start from this saved head instead of a fresh one", default=None)
     # ---- losses ----
     ttt_steps: int = _help("EAGLE-3 training-time-test unroll length", default=7)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from ..arch import execution_device
+
 __all__ = ["Example", "read_rows", "encode_rows", "has_images", "PER_TOKEN_INPUTS", "regenerate_rows",
            "build_draft_vocab", "collate", "BatchPlan", "write_rows"]
 
@@ -304,7 +306,7 @@ def regenerate_rows(model, tokenizer, rows: list[tuple[int, dict]], max_new_toke
 
     Text rows are kept as they are. ``progress`` is called once per row (e.g. a tqdm ``update``).
     """
-    device = model.get_input_embeddings().weight.device
+    device = execution_device(model.get_input_embeddings())
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
     with_images = [n for n, r in rows if has_images(r)]

@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..arch import resolve_target
+from ..arch import execution_device, resolve_target
 from ..config import Eagle3Config
 from .config import TrainConfig
 from .data import Example, encode_rows, read_rows, regenerate_rows
@@ -70,7 +70,7 @@ def dump_features(config: TrainConfig, out_dir, *, shard_bytes: int = 1 << 30, a
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
     acc.wait_for_everyone()
-    device = parts.embed.weight.device
+    device = execution_device(parts.embed)
     shard, size, k = {}, 0, 0
     for ex in examples:
         ids = ex.input_ids[None].to(device)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..arch import execution_device
 from ..config import TreeConfig
 from ..generate import speculative_generate
 from .data import PER_TOKEN_INPUTS
@@ -35,7 +36,7 @@ def eval_prompts(examples, limit: int) -> list:
 @torch.no_grad()
 def mean_accept_length(model, head, prompts, *, max_new_tokens: int, tree: TreeConfig | None = None) -> float:
     """Tokens per target forward over all prompts (``SpeculativeStats.mean_accept_length``, draft-weighted)."""
-    device = model.get_input_embeddings().weight.device
+    device = execution_device(model.get_input_embeddings())
     accepted = drafts = 0
     for prompt in prompts:
         inputs = prompt if isinstance(prompt, dict) else {"input_ids": prompt}

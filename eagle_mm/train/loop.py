@@ -93,11 +93,12 @@ def make_accelerator(mixed_precision: str = "no"):
     return acc
 
 
-def train(config: TrainConfig, *, on_step=None, processor=None) -> TrainResult:
+def train(config: TrainConfig, *, on_step=None, processor=None, target=None) -> TrainResult:
     """Train a draft head as ``config`` says; ``on_step(step, metrics)`` is called after every optimizer step.
 
     ``processor``: the target's HF processor, for rows with images (default: ``AutoProcessor`` from
-    ``config.target``, loaded only when some row has images).
+    ``config.target``, loaded only when some row has images). ``target``: the target model, already on this
+    process's device, instead of loading the weights from ``config.target`` (which still provides the tokenizer).
 
     The head is written to ``config.output_dir`` (``from_pretrained`` loads it). Run under ``accelerate launch``
     for several processes. Refuses, before writing anything, to resume a checkpoint of a different run.
@@ -110,7 +111,7 @@ def train(config: TrainConfig, *, on_step=None, processor=None) -> TrainResult:
     if config.target_device_map is not None and acc.num_processes > 1:
         raise ValueError(f"target_device_map={config.target_device_map!r} cannot be combined with "
                          f"{acc.num_processes} processes: each process holds its own target")
-    target, examples, held_out = _load(config, acc, processor)  # bad data fails here, before anything is written
+    target, examples, held_out = _load(config, acc, processor, target)  # bad data fails here, before any write
     out = Path(config.output_dir)
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -212,25 +213,30 @@ def _batch(examples, target, layers, config: TrainConfig, device) -> dict:
         # With images: the full VLM forward, and the merged embeddings the head reads (as _prefill gives them).
         got = target_features(target, layers, batch["input_ids"], batch["attention_mask"],
                               with_last=config.kind == "eagle3", model_inputs=model_inputs,
-                              input_embeds=bool(model_inputs))
+                              input_embeds=bool(model_inputs) and config.image_embeds)
         batch["features"], batch["last_hidden"] = got[0], got[1]
-        if model_inputs:
+        if model_inputs and config.image_embeds:  # else the head embeds the placeholder tokens itself
             batch["embeds"] = got[2]
     return batch
 
 
-def _load(config: TrainConfig, acc, processor=None):
-    """(target, training examples, held-out examples); the target is loaded whole or embeddings-only."""
+def _load(config: TrainConfig, acc, processor=None, target=None):
+    """(target, training examples, held-out examples); the target is loaded whole or embeddings-only, unless given."""
+    if target is not None:
+        target.eval().requires_grad_(False)
+        resolve_target(target)
     if config.features_dir is not None:
-        target = load_target_embeddings(config.target, dtype=config.target_dtype, device=acc.device)
+        if target is None:
+            target = load_target_embeddings(config.target, dtype=config.target_dtype, device=acc.device)
         store = FeatureStore(config.features_dir, max_length=config.max_length)
         store.check(config, resolve_target(target))
         n = len(store) - config.eval_holdout
         held = [store.tokens(i) for i in range(max(n, 0), len(store))]
         examples = _Subset(store, range(max(n, 0)))
     else:
-        target = load_target(config.target, dtype=config.target_dtype, device=acc.device,
-                             device_map=config.target_device_map)
+        if target is None:
+            target = load_target(config.target, dtype=config.target_dtype, device=acc.device,
+                                 device_map=config.target_device_map)
         tokenizer = load_tokenizer(config.target)
         rows = _training_rows(config, acc, target, tokenizer)
         if processor is None and any(has_images(r) for _, r in rows):
@@ -288,12 +294,16 @@ def _build_head(config: TrainConfig, target, examples):
         kind = "eagle3" if isinstance(head, Eagle3Head) else "eagle"
         if kind != config.kind:
             raise ValueError(f"init_head {config.init_head} is an {kind} head, but kind={config.kind!r}")
+        if head.config.image_embeds != config.image_embeds:
+            raise ValueError(f"init_head {config.init_head} has image_embeds={head.config.image_embeds}, but "
+                             f"image_embeds={config.image_embeds}")
         return head.train()
     if config.kind == "eagle":
-        return EagleHead.from_target(target).float().train()
+        return EagleHead.from_target(target, image_embeds=config.image_embeds).float().train()
     vocab = resolve_target(target).vocab_size
     draft = config.draft_vocab_size or min(32000, vocab)
-    head = Eagle3Head.from_target(target, aux_layers=config.aux_layers, draft_vocab_size=draft).float()
+    head = Eagle3Head.from_target(target, aux_layers=config.aux_layers, draft_vocab_size=draft,
+                                  image_embeds=config.image_embeds).float()
     head.set_draft_vocab(build_draft_vocab(examples, vocab, draft))
     return head.train()
 

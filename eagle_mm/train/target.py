@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..arch import resolve_target
+from ..arch import execution_device, resolve_target
 from ..features import FeatureCapture
 
 __all__ = ["load_tokenizer", "load_processor", "load_target", "load_target_embeddings", "target_features",
@@ -157,9 +157,10 @@ def target_features(model, layers: tuple[int, ...], input_ids, attention_mask, *
 
 
 def target_logits(parts, hidden: torch.Tensor) -> torch.Tensor:
-    """The target's fp32 logits from its last normed hidden state (final soft-capping included, as Gemma does)."""
+    """The target's fp32 logits from its last normed hidden state (final soft-capping included, as Gemma does),
+    on ``hidden``'s device (the lm_head of a target split by a device_map may compute elsewhere)."""
     lm_head = parts.lm_head
-    logits = lm_head(hidden.to(lm_head.weight.device, lm_head.weight.dtype)).float()
+    logits = lm_head(hidden.to(execution_device(lm_head), lm_head.weight.dtype)).float().to(hidden.device)
     cap = getattr(parts.text_config, "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap

@@ -1,7 +1,9 @@
 """Finding and loading the reference models: shipped inside the package, or built locally. Nothing is downloaded.
 
-A model directory (what ``python -m eagle_mm.zoo.code_tiny build --out DIR`` writes) holds ``manifest.json``,
-``prompts.json``, ``target/`` (the model and its tokenizer), ``assistant/``, ``eagle/`` and ``eagle3/``.
+A code-tiny directory (what ``python -m eagle_mm.zoo.code_tiny build --out DIR`` writes) holds ``manifest.json``,
+``prompts.json``, ``target/`` (the model and its tokenizer), ``assistant/``, ``eagle/`` and ``eagle3/``; a scenes-tiny
+one (``python -m eagle_mm.zoo.scenes_tiny build``) ``manifest.json``, ``target/`` (the VLM and its processor),
+``eagle3/`` (the image-aware head) and ``eagle3-noimage/`` (the ablation).
 ``EAGLE_MM_ZOO_DIR``, when set, is the one place searched (``$EAGLE_MM_ZOO_DIR/<name>/``); otherwise the package's
 own ``eagle_mm/zoo/models/<name>/``.
 """
@@ -14,12 +16,16 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ZOO_ENV", "MODELS", "DEMO_TREES", "ZooModel", "model_dir", "is_available", "load", "load_dir"]
+__all__ = ["ZOO_ENV", "MODELS", "DEMO_TREES", "ZooModel", "ScenesModel", "model_dir", "is_available", "load",
+           "load_dir", "load_scenes_dir"]
 
 ZOO_ENV = "EAGLE_MM_ZOO_DIR"
 PACKAGE_MODELS = Path(__file__).resolve().parent / "models"
 # name -> the module whose ``build`` makes it
-MODELS = {"code-tiny": "eagle_mm.zoo.code_tiny"}
+MODELS = {"code-tiny": "eagle_mm.zoo.code_tiny", "scenes-tiny": "eagle_mm.zoo.scenes_tiny"}
+# what a model directory must hold
+_PARTS = {"code-tiny": ("manifest.json", "target", "assistant", "eagle", "eagle3"),
+          "scenes-tiny": ("manifest.json", "target", "eagle3", "eagle3-noimage")}
 # The draft tree a demo uses per device type unless told otherwise. On a CPU a verify forward costs about as
 # much per token as the tokens it checks beyond a handful, so a small tree wins; on a GPU it is nearly flat,
 # so TreeConfig's default. (Measured choices: bench/bench_code_tiny.py --depth/--top-k/--total-tokens.)
@@ -64,7 +70,7 @@ def model_dir(name: str = "code-tiny") -> Path:
     _check_name(name)
     root, where = _root()
     path = root / name
-    missing = [p for p in ("manifest.json", "target", "assistant", "eagle", "eagle3") if not (path / p).exists()]
+    missing = [p for p in _PARTS[name] if not (path / p).exists()]
     if missing:
         raise FileNotFoundError(
             f"the zoo model {name!r} is not at {path} ({where}; missing {', '.join(missing)}). Build it with "
@@ -87,13 +93,7 @@ def _default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def load_dir(path, *, device=None, dtype=None, name: str | None = None) -> ZooModel:
-    """Load a model directory written by a zoo build (``load`` finds one by name)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..heads.io import load_head
-
-    path = Path(path)
+def _manifest(path: Path) -> dict:
     manifest_path = path / "manifest.json"
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{path} is not a zoo model directory: no manifest.json")
@@ -102,6 +102,17 @@ def load_dir(path, *, device=None, dtype=None, name: str | None = None) -> ZooMo
         raise ValueError(f"{path} holds an incomplete build (manifest.json 'complete' is false); run the missing "
                          f"stage: python -m {MODELS.get(manifest.get('name'), 'eagle_mm.zoo.code_tiny')} build "
                          f"--out {path} --stage heads")
+    return manifest
+
+
+def load_dir(path, *, device=None, dtype=None, name: str | None = None) -> ZooModel:
+    """Load a model directory written by a zoo build (``load`` finds one by name)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..heads.io import load_head
+
+    path = Path(path)
+    manifest = _manifest(path)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or _default_dtype(device)
 
@@ -122,8 +133,76 @@ def load_dir(path, *, device=None, dtype=None, name: str | None = None) -> ZooMo
         assistant=causal_lm("assistant"), manifest=manifest, prompts=prompts)
 
 
-def load(name: str = "code-tiny", device=None, dtype=None) -> ZooModel:
+def load(name: str = "code-tiny", device=None, dtype=None):
     """Load reference model ``name`` offline: ``$EAGLE_MM_ZOO_DIR/<name>/`` if that variable is set, else the copy
-    shipped in the package. dtype: default bf16 on CUDA, fp32 on CPU.
+    shipped in the package. dtype: default bf16 on CUDA, fp32 on CPU. Returns a ``ZooModel`` (code-tiny) or a
+    ``ScenesModel`` (scenes-tiny).
     """
-    return load_dir(model_dir(name), device=device, dtype=dtype, name=name)
+    path = model_dir(name)
+    if name == "scenes-tiny":
+        return load_scenes_dir(path, device=device, dtype=dtype, name=name)
+    return load_dir(path, device=device, dtype=dtype, name=name)
+
+
+@dataclass
+class ScenesModel:
+    """scenes-tiny: a LLaVA-style VLM, its processor, the image-aware EAGLE-3 head and the ablation head."""
+
+    name: str
+    path: Path
+    target: torch.nn.Module
+    processor: object
+    tokenizer: object
+    head: torch.nn.Module  # draft sees the merged image features at image positions
+    ablation_head: torch.nn.Module  # draft sees the <image> token's embedding there
+    manifest: dict = field(default_factory=dict)
+
+    @property
+    def image_size(self) -> int:
+        return int(self.target.config.vision_config.image_size)
+
+    def inputs(self, image, question: str) -> dict:
+        """Model inputs for one question about one PIL image, exactly as the build graded the VLM."""
+        import numpy as np
+
+        from .scenes_vlm import IMAGE_TOKEN, pixels
+
+        if image.size != (self.image_size, self.image_size):
+            image = image.resize((self.image_size, self.image_size))
+        dev = self.target.device
+        eot = self.tokenizer.eos_token_id
+        image_ids = [self.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)] * self.target.config.image_seq_length
+        ids = [eot] + self.tokenizer(question + "\n", add_special_tokens=False).input_ids + image_ids
+        pix = pixels(torch.from_numpy(np.array(image.convert("RGB")))[None])  # (1, 3, S, S)
+        input_ids = torch.tensor([ids], device=dev)
+        return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
+                "pixel_values": pix.to(dev, self.target.dtype)}
+
+    def demo_tree(self):
+        """The ``TreeConfig`` suggested for the target's device type (``DEMO_TREES``)."""
+        from ..config import TreeConfig
+
+        return TreeConfig(**DEMO_TREES.get(self.target.device.type, {}))
+
+
+def load_scenes_dir(path, *, device=None, dtype=None, name: str | None = None) -> ScenesModel:
+    """Load a scenes-tiny build directory (``load("scenes-tiny")`` finds the shipped one)."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from ..heads.io import load_head
+    from .scenes_vlm import CHAT_TEMPLATE
+
+    path = Path(path)
+    manifest = _manifest(path)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = dtype or _default_dtype(device)
+    target = LlavaForConditionalGeneration.from_pretrained(str(path / "target"), dtype=dtype,
+                                                           attn_implementation="sdpa", local_files_only=True)
+    target = target.to(device).eval()
+    processor = AutoProcessor.from_pretrained(str(path / "target"), local_files_only=True)
+    if getattr(processor, "chat_template", None) is None:  # chat_template.jinja not shipped: the template is code
+        processor.chat_template = CHAT_TEMPLATE
+    return ScenesModel(
+        name=name or manifest.get("name", path.name), path=path, target=target, processor=processor,
+        tokenizer=processor.tokenizer, head=load_head(path / "eagle3", target=target, dtype=dtype),
+        ablation_head=load_head(path / "eagle3-noimage", target=target, dtype=dtype), manifest=manifest)

@@ -1,0 +1,267 @@
+"""8B-scale speculative decoding with forced acceptance: tokens/s of generate and ours, eager and compiled.
+
+Target: a random-init Llama-3.1-8B-shaped model in bf16 (bench/shapes.py); head: an EAGLE-3 head of the
+official 8B shape (one 4096-wide layer, a 32k draft vocabulary). Random weights give no real acceptance, so
+``forced.ForcedHead`` replaces the head's proposals (after its real computation) by the target's own greedy
+continuation, made wrong at positions chosen for a mean of ``--accept`` tokens per cycle. Modes, in run order:
+  ceiling            plain decoding's bandwidth bound: measured copy bandwidth / the target's weight bytes
+  generate_eager     model.generate(do_sample=False), dynamic cache
+  ours_compiled      speculative_generate(cache_implementation="static", compile=True), per acceptance level
+  ours_eager         speculative_generate with the default dynamic cache, per acceptance level
+  generate_compiled  model.generate(cache_implementation="static"): HF compiles the decode step on CUDA
+Each of our modes first decodes with every proposal wrong (which also compiles, for ours_compiled); that
+output is the forcing reference of the mode, so bf16 near-ties between kernels cannot derail the forcing.
+Greedy rows report whether the tokens equal generate's (and the first differing position).
+Results are written to --out after every measurement, so a timeout still leaves what was measured.
+
+    PYTHONPATH=. python bench/bench_8b.py --out 8b.json            # the H200 run
+    PYTHONPATH=. python bench/bench_8b.py --tiny --out tiny.json    # a tiny model on CPU, seconds
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from forced import ForcedHead, min_depth  # noqa: E402
+
+MODES = ("ceiling", "generate_eager", "ours_compiled", "ours_eager", "generate_compiled")
+_T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')} +{time.perf_counter() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tiny", action="store_true", help="a tiny Llama on CPU (fp32) instead of the 8B shape")
+    p.add_argument("--accept", type=float, nargs="+", default=[1, 2, 3, 4, 5], help="forced mean tokens per cycle")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--depth", type=int, default=5)
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--total-tokens", type=int, default=32, help="tree nodes verified per cycle (root excluded)")
+    p.add_argument("--chain", action="store_true", help="draft a chain of --depth tokens instead of a tree")
+    p.add_argument("--layers", type=int, default=32, help="target layers (fewer for smoke runs)")
+    p.add_argument("--draft-vocab", type=int, default=32000)
+    p.add_argument("--compile-mode", default="reduce-overhead", help="torch.compile mode of ours_compiled on CUDA")
+    p.add_argument("--out", default=None, help="JSON results, rewritten after every measurement")
+    return p.parse_args(argv)
+
+
+class Results:
+    def __init__(self, path: str | None, meta: dict):
+        self.path, self.data = path, {"meta": meta, "rows": []}
+        self.save()
+
+    def add(self, row: dict) -> None:
+        self.data["rows"].append(row)
+        log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+        self.save()
+
+    def save(self) -> None:
+        if self.path:
+            tmp = self.path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(self.data, f, indent=1)
+            os.replace(tmp, self.path)
+
+
+def build(args, device):
+    """(target, EAGLE-3 head) on ``device``."""
+    import eagle_mm
+
+    if args.tiny:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=512, max_position_embeddings=1024,
+                          tie_word_embeddings=False)
+        cfg._attn_implementation = "sdpa"
+        torch.manual_seed(0)
+        target = LlamaForCausalLM(cfg).to(device).eval().requires_grad_(False)
+        with torch.no_grad():
+            target.get_output_embeddings().weight.mul_(8.0)  # sharpen: greedy far from ties
+    else:
+        from shapes import random_8b_target
+
+        target = random_8b_target(args.layers)
+    target.generation_config.eos_token_id = None
+    target.generation_config.pad_token_id = 0
+    vocab = target.config.vocab_size
+    with torch.device(device):
+        head = eagle_mm.Eagle3Head.from_target(target, draft_vocab_size=min(args.draft_vocab, vocab // 2))
+    return target, head.eval().requires_grad_(False)
+
+
+def fit_draft_vocab(head, reference: torch.Tensor) -> torch.Tensor:
+    """Make the draft vocabulary hold every reference token (filled up with the lowest other ids); returns the
+    (V,) draft id of each target id, -1 outside."""
+    vd, V = head.config.draft_vocab_size, head.config.vocab_size
+    used = torch.zeros(V, dtype=torch.bool)
+    used[reference.flatten().cpu()] = True
+    ids = torch.cat((used.nonzero().flatten(), (~used).nonzero().flatten()))[:vd].sort().values
+    head.set_draft_vocab(ids)
+    index = torch.full((V,), -1, dtype=torch.long)
+    index[ids] = torch.arange(vd)
+    return index.to(head.d2t.device)
+
+
+def timed(fn, device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - t
+
+
+def first_diff(a: torch.Tensor, b: torch.Tensor, start: int):
+    """First generated index where a and b differ, None if equal."""
+    n = min(a.shape[1], b.shape[1])
+    neq = (a[:, :n].cpu() != b[:, :n].cpu()).any(0).nonzero().flatten()
+    if neq.numel():
+        return int(neq[0]) - start
+    return None if a.shape[1] == b.shape[1] else n - start
+
+
+def run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results):
+    import eagle_mm
+
+    static = mode == "ours_compiled"
+    options = dict(cache_implementation="static", compile=args.compile_mode if device.type == "cuda" else False)
+    options = options if static else {}
+
+    def decode():
+        return eagle_mm.speculative_generate(target, forced, ids, max_new_tokens=args.new_tokens, do_sample=False,
+                                             tree=tree, return_dict_in_generate=True, **options)
+
+    forced.set_accept(1)  # every proposal wrong: plain greedy decoding through our verify; compiles
+    log(f"{mode}: reference decode (all proposals wrong){' + torch.compile warm-up' if static else ''}")
+    out, sec = timed(decode, device)
+    forced.set_reference(out.sequences)
+    forced.draft_index.copy_(fit_draft_vocab(forced._head, torch.cat((out.sequences, gen_ref), 1)))
+    results.add({"mode": mode, "phase": "reference", "seconds": sec,
+                 "first_diff_vs_generate": first_diff(out.sequences, gen_ref, ids.shape[1])})
+    if static and device.type == "cuda":
+        decode()  # a second warm-up: the CUDA-graph trees record on their second call
+    for tau in args.accept:
+        forced.set_accept(tau)
+        out, sec = timed(decode, device)
+        n = out.sequences.shape[1] - ids.shape[1]
+        results.add({"mode": mode, "accept": tau, "tokens_per_s": n / sec, "seconds": sec, "new_tokens": n,
+                     "mean_accept_length": out.stats.mean_accept_length,
+                     "target_forwards": out.stats.num_target_forwards,
+                     "matches_generate": torch.equal(out.sequences.cpu(), gen_ref.cpu()),
+                     "first_diff_vs_generate": first_diff(out.sequences, gen_ref, ids.shape[1]),
+                     "compiled": options.get("compile") or False, "static_cache": static})
+
+
+def run_generate(mode, target, ids, args, device, results, gen_ref=None):
+    compiled = mode == "generate_compiled"
+    options = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
+    if compiled:
+        options["cache_implementation"] = "static"  # HF compiles the decode step with a static cache on CUDA
+    log(f"{mode}: warm-up{' (torch.compile)' if compiled and device.type == 'cuda' else ''}")
+    for _ in range(2 if compiled and device.type == "cuda" else 1):
+        target.generate(ids, **dict(options, max_new_tokens=args.new_tokens if compiled else 4,
+                                    min_new_tokens=args.new_tokens if compiled else 4))
+    out, sec = timed(lambda: target.generate(ids, **options), device)
+    n = out.shape[1] - ids.shape[1]
+    row = {"mode": mode, "tokens_per_s": n / sec, "seconds": sec, "new_tokens": n,
+           "compiled": compiled and device.type == "cuda", "static_cache": compiled}
+    if gen_ref is not None:
+        row["matches_generate"] = torch.equal(out.cpu(), gen_ref.cpu())
+        row["first_diff_vs_generate"] = first_diff(out, gen_ref, ids.shape[1])
+    results.add(row)
+    return out
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import eagle_mm
+    import transformers
+
+    device = torch.device("cpu" if args.tiny else "cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_8b.py needs a CUDA GPU (or --tiny for the CPU smoke run)")
+    if args.tiny:
+        args.new_tokens, args.prompt_len = min(args.new_tokens, 24), min(args.prompt_len, 12)
+    depth = max(args.depth, min_depth(max(args.accept)))
+    tree = (eagle_mm.TreeConfig.chain(depth) if args.chain
+            else eagle_mm.TreeConfig(depth=depth, top_k=args.top_k, total_tokens=args.total_tokens))
+    log(f"building the {'tiny' if args.tiny else '8B-shaped'} target and head on {device}")
+    target, head = build(args, device)
+    meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+            "tiny": args.tiny, "layers": target.config.num_hidden_layers, "dtype": str(target.dtype),
+            "draft_vocab": head.config.draft_vocab_size, "tree": dataclasses.asdict(tree),
+            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "eagle_mm": eagle_mm.__version__}
+    results = Results(args.out, meta)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, target.config.vocab_size, (1, args.prompt_len), generator=g).to(device)
+
+    if "ceiling" in args.modes:
+        if device.type == "cuda":
+            from bench_verify import copy_bandwidth
+
+            weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
+            bw = copy_bandwidth()
+            results.add({"mode": "ceiling", "tokens_per_s": bw / weight_bytes, "copy_bandwidth_GBps": bw / 1e9,
+                         "weight_GB": weight_bytes / 1e9})
+        else:
+            log("ceiling: skipped, the copy bandwidth is measured on CUDA only")
+    # generate eager always runs: its tokens are the reference and the forcing's first draft vocabulary.
+    gen_ref = run_generate("generate_eager", target, ids, args, device, results)
+    reference = torch.cat((gen_ref.cpu(), gen_ref.new_zeros(1, depth + 4).cpu()), 1)
+    forced = ForcedHead(head, reference.to(device), draft_index=fit_draft_vocab(head, gen_ref))
+    for mode in args.modes:
+        try:  # one failing mode (a compile error, say) must not cost the others their figures
+            if mode in ("ours_compiled", "ours_eager"):
+                if mode == "ours_compiled" and device.type != "cuda":
+                    log("ours_compiled: on CPU the static-cache path runs without torch.compile (needs CUDA)")
+                run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results)
+            elif mode == "generate_compiled":
+                if device.type != "cuda":
+                    log("generate_compiled: on CPU generate() does not compile; timing its static cache only")
+                run_generate(mode, target, ids, args, device, results, gen_ref)
+        except Exception as e:  # noqa: BLE001 - reported in the results, then the next mode runs
+            import traceback
+
+            traceback.print_exc()
+            results.add({"mode": mode, "error": f"{type(e).__name__}: {e}"[:2000]})
+    summarize(results.data["rows"])
+    log("done")
+    return results.data
+
+
+def summarize(rows) -> None:
+    """A markdown table on stdout: tokens/s per mode and acceptance, against the ceiling and eager generate."""
+    base = {r["mode"]: r["tokens_per_s"] for r in rows if "accept" not in r and "tokens_per_s" in r}
+    ceiling, eager = base.get("ceiling"), base.get("generate_eager")
+    print("| mode | forced accept | measured accept | tokens/s | x ceiling | x generate eager | = generate |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "tokens_per_s" not in r:
+            continue
+        tps = r["tokens_per_s"]
+        x_ceiling = f"{tps / ceiling:.2f}" if ceiling else "-"
+        x_eager = f"{tps / eager:.2f}" if eager and r["mode"] != "ceiling" else "-"
+        measured = f"{r['mean_accept_length']:.2f}" if "mean_accept_length" in r else "-"
+        print(f"| {r['mode']} | {r.get('accept', '-')} | {measured} | {tps:.1f} | {x_ceiling} | {x_eager} "
+              f"| {r.get('matches_generate', '-')} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,142 @@
+"""cache_implementation="static": the fixed-shape decode path gives generate()'s greedy tokens, on 5.17 too.
+
+The compiled path (torch.compile, CUDA graphs) is checked against the eager static path on CUDA only.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import eagle_mm as em
+from tests.doubles import ForcedHead
+from tests.tiny import prompt, tiny_model
+
+TREE = em.TreeConfig(depth=4, top_k=3, total_tokens=10)
+CHAIN = em.TreeConfig.chain(4)
+
+
+def _forced(model, ids, mask, n_new, rate=0.25, seed=1):
+    """A head whose proposals are the target's greedy continuation (per row, by position), wrong at ``rate``."""
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=n_new + 8, do_sample=False)
+    rows = [r[m.bool().tolist() + [True] * (r.numel() - m.numel())] for r, m in zip(ref, mask)]
+    width = max(r.numel() for r in rows)
+    table = torch.stack([torch.cat((r, r.new_zeros(width - r.numel()))) for r in rows])  # (B, T) by position
+    wrong = torch.rand(table.shape, generator=torch.Generator().manual_seed(seed)) < rate
+    return ForcedHead(em.Eagle3Head.from_target(model), table, wrong), ref
+
+
+def _run(model, head, ids, mask, n_new, tree, **kw):
+    return em.speculative_generate(model, head, ids, attention_mask=mask, max_new_tokens=n_new, do_sample=False,
+                                   tree=tree, return_dict_in_generate=True, **kw)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("tree", [CHAIN, TREE], ids=["chain", "tree"])
+def test_static_equals_generate(family, tree):
+    model = tiny_model(family)
+    ids = prompt(10)
+    mask = torch.ones_like(ids)
+    head, ref = _forced(model, ids, mask, 24)
+    out = _run(model, head, ids, mask, 24, tree, cache_implementation="static", compile=False)
+    assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]])
+    assert out.stats.mean_accept_length > 1.5  # the forced head gets accepted: kept paths were exercised
+    dyn = _run(model, head, ids, mask, 24, tree)
+    assert out.stats.accept_counts == dyn.stats.accept_counts  # same trees, same acceptance
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_static_batch_with_padding(family):
+    """Rows that accept different counts leave holes in the static cache; left padding too."""
+    model = tiny_model(family)
+    ids = prompt(9, batch=3, seed=4)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    mask[2, :1] = 0
+    head, ref = _forced(model, ids, mask, 20, rate=0.3)
+    out = _run(model, head, ids, mask, 20, TREE, cache_implementation="static")
+    assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]])
+    assert out.sequences.shape[1] == ids.shape[1] + 20
+
+
+def test_static_reuses_cache_between_calls():
+    """A second call of the same shape reuses the cache object (what keeps compiled graphs valid)."""
+    from eagle_mm.static import _CACHES
+
+    model = tiny_model("llama")
+    ids = prompt(8)
+    head, ref = _forced(model, ids, torch.ones_like(ids), 12)
+    first = _run(model, head, ids, None, 12, TREE, cache_implementation="static")
+    cache = _CACHES[model][1]
+    second = _run(model, head, ids, None, 12, TREE, cache_implementation="static")
+    shorter = _run(model, head, ids[:, 2:], None, 6, TREE, cache_implementation="static")  # fits: reused too
+    assert _CACHES[model][1] is cache
+    assert torch.equal(first.sequences, second.sequences)
+    assert torch.equal(first.sequences, ref[:, : first.sequences.shape[1]])
+    assert torch.equal(shorter.sequences, model.generate(ids[:, 2:], max_new_tokens=6, do_sample=False))
+
+
+def test_static_sampling_runs():
+    model = tiny_model("llama")
+    ids = prompt(8)
+    out = em.speculative_generate(model, em.Eagle3Head.from_target(model), ids, max_new_tokens=10, do_sample=True,
+                                  tree=TREE, generator=torch.Generator().manual_seed(0),
+                                  cache_implementation="static")
+    assert out.shape == (1, 18)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(cache_implementation="offloaded"), "cache_implementation='offloaded'"),
+    (dict(compile=True), "needs fixed shapes"),
+    (dict(cache_implementation="static", compile="fast"), "compile='fast'"),
+])
+def test_bad_options(kwargs, match):
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match=match):
+        em.speculative_generate(model, em.Eagle3Head.from_target(model), prompt(6), max_new_tokens=4, **kwargs)
+
+
+def test_static_refuses_chunked_layers():
+    from eagle_mm.static import static_kinds
+
+    cfg = tiny_model("llama").config
+    cfg.layer_types = ["chunked_attention"] * cfg.num_hidden_layers
+    with pytest.raises(ValueError, match="chunked_attention"):
+        static_kinds(cfg, cfg.num_hidden_layers)
+
+
+@pytest.mark.slow
+def test_compiled_cpu_equals_eager_without_recompiles():
+    """torch.compile (inductor, no CUDA graphs on a CPU): same tokens, and a second call compiles nothing."""
+    model = tiny_model("llama", num_hidden_layers=4)
+    ids = prompt(8)
+    mask = torch.ones_like(ids)
+    head, ref = _forced(model, ids, mask, 16)
+    eager = _run(model, head, ids, mask, 16, TREE, cache_implementation="static", compile=False)
+    first = _run(model, head, ids, mask, 16, TREE, cache_implementation="static", compile="default")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        second = _run(model, head, ids, mask, 16, TREE, cache_implementation="static", compile="default")
+    for out in (first, second):
+        assert torch.equal(out.sequences, eager.sequences)
+        assert out.stats.accept_counts == eager.stats.accept_counts
+    assert torch.equal(eager.sequences, ref[:, : eager.sequences.shape[1]])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled path (CUDA graphs) needs a CUDA GPU")
+@pytest.mark.parametrize("tree", [CHAIN, TREE], ids=["chain", "tree"])
+def test_compiled_equals_eager_cuda(tree):
+    model = tiny_model("llama").cuda()
+    ids = prompt(10, batch=1).cuda()
+    mask = torch.ones_like(ids)
+    head, ref = _forced(model, ids, mask, 32)
+    head._head.cuda()
+    head.reference, head.wrong = head.reference.cuda(), head.wrong.cuda()
+    eager = _run(model, head, ids, mask, 32, tree, cache_implementation="static", compile=False)
+    comp = [_run(model, head, ids, mask, 32, tree, cache_implementation="static", compile=True)]
+    with torch._dynamo.config.patch(error_on_recompile=True):  # the second call replays the first one's graphs
+        comp.append(_run(model, head, ids, mask, 32, tree, cache_implementation="static", compile=True))
+    for out in comp:
+        assert torch.equal(out.sequences, eager.sequences)
+        assert out.stats.accept_counts == eager.stats.accept_counts
+    assert torch.equal(eager.sequences, ref[:, : eager.sequences.shape[1]])
