@@ -1,0 +1,228 @@
+"""`eagle-mm demo`: speculative decoding next to plain `generate` on the shipped reference model (or, with
+--random, a tiny random model), with the acceptance statistics and the speed-up measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ._cliutil import fail as _fail
+from ._cliutil import positive_int as _positive_int
+
+__all__ = ["add_demo_parser"]
+
+# Kept tiny so `eagle-mm demo` runs in seconds on a laptop CPU.
+_DEMO_VOCAB = 256
+_DEMO_HIDDEN = 64
+_DEMO_INTERMEDIATE = 128
+# Four layers rather than two so an EAGLE-3 head has distinct low, middle and high layers to read.
+_DEMO_LAYERS = 4
+_DEMO_HEADS = 4
+_DEMO_KV_HEADS = 2
+
+
+def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="speculative decoding on the shipped reference model, checked against generate",
+        description=(
+            "Complete a Python prompt with the reference model shipped in the package (eagle_mm.zoo "
+            "'code-tiny': a small code LM with trained EAGLE-3 and EAGLE heads), decoding greedily with "
+            "model.generate and with eagle_mm.speculative_generate; check that the tokens match and print the "
+            "acceptance statistics and the speed-up, both timed in this run. Without the shipped model, or with "
+            "--random, a tiny random-init Llama and an untrained head stand in (and say so): the tokens still "
+            "match, but expect a mean accept length near 1 and no speed-up. With --image, the scenes-tiny reference "
+            "VLM describes an image instead."
+        ),
+    )
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    parser.add_argument("--prompt", default=None, metavar="TEXT",
+                        help="Python source to complete (default: the first validation prompt of the build)")
+    parser.add_argument("--image", default=None, metavar="PATH",
+                        help="describe this image with the scenes-tiny reference VLM (eagle_mm.zoo.scenes_tiny) "
+                             "instead")
+    parser.add_argument("--device", default=None,
+                        help="reference model's device (default: cuda if available, else cpu)")
+    parser.add_argument("--random", action="store_true",
+                        help="use the tiny random model and an untrained head even when the reference model is "
+                             "installed")
+    parser.add_argument("--prompt-length", type=_positive_int, default=16, help="random model only: prompt ids")
+    parser.add_argument("--seed", type=int, default=0, help="random model only: seeds the weights and the prompt")
+    parser.add_argument(
+        "--kind", choices=("eagle", "eagle3"), default="eagle3",
+        help="draft head: eagle (EAGLE-1/2) or eagle3 (EAGLE-3)",
+    )
+    tree = parser.add_argument_group("draft tree (defaults: eagle_mm.TreeConfig)")
+    tree.add_argument("--depth", type=_positive_int, default=None)
+    tree.add_argument("--top-k", type=_positive_int, default=None)
+    tree.add_argument("--total-tokens", type=_positive_int, default=None)
+    parser.set_defaults(func=_run_demo)
+
+
+def _tree_kwargs(args: argparse.Namespace) -> dict:
+    """Only the tree options the user gave, so TreeConfig stays the one source of defaults."""
+    given = {"depth": args.depth, "top_k": args.top_k, "total_tokens": args.total_tokens}
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    # Imported here so `eagle-mm --help` stays fast.
+    from . import zoo
+
+    if args.image is not None:
+        return _run_image_demo(args)
+    if not args.random:
+        try:
+            path = zoo.model_dir("code-tiny")
+        except FileNotFoundError as exc:
+            print(f"note: no trained reference model: {exc}")
+            print("note: using a tiny RANDOM model with an UNTRAINED head instead: it shows that the tokens match "
+                  "model.generate, not a speed-up")
+        else:
+            return _run_zoo_demo(args, path)
+    return _run_random_demo(args)
+
+
+def _run_image_demo(args: argparse.Namespace) -> int:
+    if args.random:
+        return _fail("--image runs the scenes-tiny reference VLM; drop --random (the random model is text-only)")
+    if not Path(args.image).is_file():
+        return _fail(f"--image {args.image!r} is not a file; pass the path of a PNG or JPEG image")
+    try:
+        from .zoo import scenes_tiny
+    except ModuleNotFoundError as exc:
+        if exc.name != "eagle_mm.zoo.scenes_tiny":
+            raise
+        return _fail("--image needs the scenes-tiny reference VLM (eagle_mm.zoo.scenes_tiny), which this version of "
+                     "eagle_mm lacks; run `eagle-mm demo` without --image for the code model")
+    from .config import TreeConfig
+
+    given = _tree_kwargs(args)
+    options = {"max_new_tokens": args.max_new_tokens, "device": args.device,
+               "tree": TreeConfig(**given) if given else None}
+    if args.prompt is not None:
+        options["question"] = args.prompt
+    try:
+        result = scenes_tiny.image_demo(image=args.image, **options)
+    except FileNotFoundError as exc:  # the model is not built or not shipped: the message names the build command
+        return _fail(str(exc))
+    print(f"image: {args.image}\nquestion: {result['question']}\ncompletion: {result['completion']}\n---")
+    _print_report(result["identical"], result["mean_accept_length"], result["accept_rate_per_position"],
+                  result["generate_s"], result["speculative_s"])
+    return 0 if result["identical"] else 1
+
+
+def _print_report(identical: bool, mean: float, rates, generate_s: float, speculative_s: float, forwards=None) -> None:
+    print(f"identical: {identical}")
+    print(f"mean accept length: {float(mean):.3f}")
+    print(f"accept rate per position: [{', '.join(f'{float(rate):.3f}' for rate in rates)}]")
+    if forwards is not None:
+        print(f"target forwards: {int(forwards)}")
+    print(f"wall time: generate {generate_s:.3f} s, speculative_generate {speculative_s:.3f} s")
+    print(f"speed-up: {generate_s / speculative_s:.2f}x (one timed run each)")
+
+
+def _print_demo_result(reference, out, prompt_length: int, generate_s: float, speculative_s: float) -> bool:
+    """The shared part of both demos' report; returns whether the tokens match."""
+    new_reference = reference[0, prompt_length:].tolist()
+    new_speculative = out.sequences[0, prompt_length:].tolist()
+    identical = new_reference == new_speculative
+    stats = out.stats
+    _print_report(identical, stats.mean_accept_length, stats.accept_rate_per_position, generate_s, speculative_s,
+                  forwards=stats.num_target_forwards)
+    if not identical:
+        first = next(
+            (i for i, (a, b) in enumerate(zip(new_reference, new_speculative)) if a != b),
+            min(len(new_reference), len(new_speculative)),
+        )
+        print(
+            f"error: speculative_generate differs from model.generate(do_sample=False) at new "
+            f"token {first}; greedy speculative decoding must reproduce it token for token",
+            file=sys.stderr,
+        )
+    return identical
+
+
+def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
+    import eagle_mm
+    from eagle_mm import zoo
+    from eagle_mm.benchmark import timed, zoo_prompts
+
+    model = zoo.load_dir(path, device=args.device)
+    target, tokenizer = model.target, model.tokenizer
+    head = model.eagle3_head if args.kind == "eagle3" else model.eagle_head
+    prompt = args.prompt if args.prompt is not None else zoo_prompts(model.prompts, 1)[0]
+    enc = tokenizer(prompt, return_tensors="pt").to(target.device)
+    prompt_length = enc["input_ids"].shape[1]
+    given = _tree_kwargs(args)
+    # The model's suggested tree for this device (small on a CPU) unless any tree option was given.
+    tree = eagle_mm.TreeConfig(**given) if given else model.demo_tree()
+    options = {"max_new_tokens": args.max_new_tokens, "do_sample": False}
+    # Untimed warm-up of both paths (allocator, kernels, lazy inits), so neither pays it in the timing.
+    eagle_mm.speculative_generate(target, head, **enc, **dict(options, max_new_tokens=8), tree=tree)
+    target.generate(**enc, **dict(options, max_new_tokens=8))
+    reference, generate_s = timed(target.device, lambda: target.generate(**enc, **options))
+    out, speculative_s = timed(target.device, lambda: eagle_mm.speculative_generate(
+        target, head, **enc, **options, tree=tree, return_dict_in_generate=True))
+
+    info = model.manifest.get("target", {})
+    shape = info.get("config", {}).get("shape", {})
+    toy = " TOY BUILD (tiny, barely trained)," if model.manifest.get("toy") else ""
+    print(f"target: {model.name} from {path} ({shape.get('num_layers')} layers, hidden {shape.get('hidden_size')},"
+          f"{toy} validation perplexity {info.get('val_perplexity', float('nan')):.2f}), head: "
+          f"{type(head).__name__} (trained), {target.device}, {target.dtype}")
+    print(f"tree: depth={tree.depth}, top_k={tree.top_k}, total_tokens={tree.total_tokens}")
+    print(f"prompt ({prompt_length} tokens):")
+    print(prompt, end="" if prompt.endswith("\n") else "\n")
+    print(f"completion ({out.sequences.shape[1] - prompt_length} tokens):")
+    print(tokenizer.decode(out.sequences[0, prompt_length:], skip_special_tokens=True))
+    print("---")
+    return 0 if _print_demo_result(reference, out, prompt_length, generate_s, speculative_s) else 1
+
+
+def _run_random_demo(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import eagle_mm
+    from eagle_mm.benchmark import timed
+
+    torch.manual_seed(args.seed)
+    # No EOS token: every run decodes exactly --max-new-tokens tokens.
+    config = LlamaConfig(
+        vocab_size=_DEMO_VOCAB,
+        hidden_size=_DEMO_HIDDEN,
+        intermediate_size=_DEMO_INTERMEDIATE,
+        num_hidden_layers=_DEMO_LAYERS,
+        num_attention_heads=_DEMO_HEADS,
+        num_key_value_heads=_DEMO_KV_HEADS,
+        max_position_embeddings=args.prompt_length + args.max_new_tokens + 64,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    model = LlamaForCausalLM(config).eval()
+    head_cls = eagle_mm.Eagle3Head if args.kind == "eagle3" else eagle_mm.EagleHead
+    head = head_cls.from_target(model)
+    input_ids = torch.randint(0, _DEMO_VOCAB, (1, args.prompt_length))  # (B=1, T)
+
+    spec_kwargs = {}
+    tree = _tree_kwargs(args)
+    if tree:
+        spec_kwargs["tree"] = eagle_mm.TreeConfig(**tree)
+
+    reference, generate_s = timed(model.device, lambda: model.generate(
+        input_ids, max_new_tokens=args.max_new_tokens, do_sample=False))
+    out, speculative_s = timed(model.device, lambda: eagle_mm.speculative_generate(
+        model, head, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
+        do_sample=False, return_dict_in_generate=True, **spec_kwargs,
+    ))
+
+    print(f"target: tiny RANDOM LlamaForCausalLM ({_DEMO_LAYERS} layers, hidden {_DEMO_HIDDEN}), "
+          f"head: {head_cls.__name__} (untrained), seed {args.seed}")
+    print(f"prompt ids ({args.prompt_length}): {input_ids[0].tolist()}")
+    print(f"generate ids ({reference.shape[1] - args.prompt_length}): {reference[0, args.prompt_length:].tolist()}")
+    print(f"speculative ids ({out.sequences.shape[1] - args.prompt_length}): "
+          f"{out.sequences[0, args.prompt_length:].tolist()}")
+    return 0 if _print_demo_result(reference, out, args.prompt_length, generate_s, speculative_s) else 1
