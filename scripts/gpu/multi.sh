@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10 on a 2 x H200 machine, in at most BUDGET_S (default 190) seconds plus a few of clean-up:
+# Issue 10 on a 2 x H200 machine, in at most BUDGET_S (default 265) seconds plus a few of clean-up:
 #   b) a Llama-3.1-8B-shaped target split over both GPUs (half the layers each, accelerate dispatch_model):
 #      greedy speculative == generate in float32 and bfloat16, tokens/s     -> OUT/b_split_2gpu.json
 #   a) the EAGLE-3 trainer under accelerate launch on 2 GPUs, then on 1 GPU (one bf16 8B target per process,
@@ -10,7 +10,7 @@
 # --tiny: the same steps with tiny models on CPU (CPU + disk-offloaded layers for b; gloo for the 2 processes).
 set -u -o pipefail
 OUT=${1:?usage: bash scripts/gpu/multi.sh OUTDIR [--tiny]}
-BUDGET_S=${BUDGET_S:-190}
+BUDGET_S=${BUDGET_S:-265}
 if [ "${2:-}" = "--tiny" ]; then
   SHAPE=tiny MP=no GPU2="" GPU1="" SPLIT=(--tiny --new-tokens 10 --tree 4 2 6)
 else
@@ -84,7 +84,8 @@ mkdir -p "$SCRATCH"
 run a_data 60 "$PY" bench/bench_multi_gpu.py data "$SCRATCH/prep" --shape "$SHAPE" --max-processes 2 &
 data_pid=$!
 
-[ -n "${SKIP_B:-}" ] || run b_split_2gpu 75 env CUDA_VISIBLE_DEVICES="$GPU2" "$PY" bench/bench_split.py "${SPLIT[@]}" --via dispatch \
+# b needs more than 75 s (it timed out building the float32 copy on 2026-11-29); SKIP_B=1 skips it.
+[ -n "${SKIP_B:-}" ] || run b_split_2gpu 150 env CUDA_VISIBLE_DEVICES="$GPU2" "$PY" bench/bench_split.py "${SPLIT[@]}" --via dispatch \
   --dtypes float32 bfloat16 --work "$SCRATCH/b" --out "$OUT/b_split_2gpu.json"
 rm -rf "$SCRATCH/b"
 
