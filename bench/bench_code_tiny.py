@@ -57,6 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--top-k", type=int, default=None, help="EAGLE tree top_k (default: TreeConfig's)")
     p.add_argument("--total-tokens", type=int, default=None, help="EAGLE tree size (default: TreeConfig's)")
     p.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens")
+    p.add_argument("--compile-cpu", action="store_true",
+                   help="on a CPU, compile our *_compiled methods too (torch.compile, inductor; compiled untimed "
+                        "first); generate_compiled stays uncompiled: HF compiles its static cache on CUDA only")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     return p.parse_args(argv)
 
@@ -84,7 +87,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _runner(zoo, method: str, trees: dict):
+def _compiles(method: str, device: torch.device, args) -> bool:
+    """Whether this method runs compiled here: on CUDA always; on a CPU only with --compile-cpu (ours only)."""
+    if method not in COMPILED:
+        return False
+    return device.type == "cuda" or (getattr(args, "compile_cpu", False) and method != "generate_compiled")
+
+
+def _runner(zoo, method: str, trees: dict, compile_cpu: bool = False):
     """fn(enc, options, seed) -> (sequences, SpeculativeStats or None)."""
     import eagle_mm
 
@@ -111,7 +121,8 @@ def _runner(zoo, method: str, trees: dict):
         return hf(cache_implementation="static")
     if method.endswith("_compiled"):
         kind, shape, _ = method.split("_")
-        return eagle(zoo.eagle3_head, trees[shape], cache_implementation="static")  # compiles on CUDA
+        extra = {"compile": True} if compile_cpu else {}  # default: compile on CUDA only
+        return eagle(zoo.eagle3_head, trees[shape], cache_implementation="static", **extra)
     if method == "prompt_lookup":
         return hf(prompt_lookup_num_tokens=trees["prompt_lookup"])
     if method == "assisted":
@@ -125,9 +136,10 @@ def run_method(zoo, method, mode, encs, args, trees, reference=None) -> tuple[di
     options = {"max_new_tokens": args.max_new_tokens, "do_sample": mode == "sampled"}
     if mode == "sampled":
         options["temperature"] = args.temperature
-    run = _runner(zoo, method, trees)
+    compiles = _compiles(method, device, args)
+    run = _runner(zoo, method, trees, compile_cpu=compiles and device.type != "cuda")
     warm = dict(options, max_new_tokens=min(8, args.max_new_tokens))
-    if method in COMPILED and device.type == "cuda":
+    if compiles:
         # Compile (and record the CUDA graphs) untimed, with the longest prompt and the full length: the static
         # cache sized by this call serves every later one, so the timed calls replay the same graphs.
         longest = max(encs, key=lambda e: e["input_ids"].shape[1])
@@ -148,7 +160,9 @@ def run_method(zoo, method, mode, encs, args, trees, reference=None) -> tuple[di
             seconds += time.perf_counter() - tick
         n = sequences.shape[1] - enc["input_ids"].shape[1]
         new_tokens += n
-        forwards += counter.calls
+        # A compiled verify calls the compiled forward, not the module: the pre-hook misses it, so ours count
+        # from their own stats (verify forwards + the prefill).
+        forwards += stats.num_target_forwards + 1 if compiles and stats is not None else counter.calls
         outputs.append(sequences.cpu())
         if stats is not None:
             stats_accepted += stats.mean_accept_length * stats.num_drafts
@@ -158,7 +172,7 @@ def run_method(zoo, method, mode, encs, args, trees, reference=None) -> tuple[di
         "tokens_per_s": new_tokens / seconds if seconds else None, "target_forwards": forwards,
         "mean_accept_length": new_tokens / forwards if forwards else None,  # tokens per target forward
         "eagle_stats_mean_accept_length": stats_accepted / stats_drafts if stats_drafts else None,
-        "compiled": method in COMPILED and device.type == "cuda",
+        "compiled": compiles,
     }
     if mode == "greedy" and reference is not None:
         row["matches_generate"] = all(torch.equal(a, b) for a, b in zip(outputs, reference))
@@ -202,8 +216,8 @@ def main(argv=None) -> dict:
     encs = [{k: v.to(device) for k, v in zoo_model.tokenizer(p, return_tensors="pt").items()} for p in prompts]
     trees = _trees(args)
     methods = ["generate"] + [m for m in args.methods if m != "generate"]  # generate first: the reference
-    if device.type != "cuda" and any(m in COMPILED for m in methods):
-        print(f"{[m for m in methods if m in COMPILED]} run uncompiled (static cache only): torch.compile with CUDA "
+    if device.type != "cuda" and any(m in COMPILED and not _compiles(m, device, args) for m in methods):
+        print(f"{[m for m in methods if m in COMPILED and not _compiles(m, device, args)]} run uncompiled (static cache only): torch.compile with CUDA "
               f"graphs needs a CUDA device, this run is on {device.type}", file=sys.stderr)
     rows = []
     for mode in args.modes:

@@ -121,6 +121,12 @@ def test_compiled_cpu_equals_eager_without_recompiles():
         assert torch.equal(out.sequences, eager.sequences)
         assert out.stats.accept_counts == eager.stats.accept_counts
     assert torch.equal(eager.sequences, ref[:, : eager.sequences.shape[1]])
+    # A shorter prompt fits the same static cache: nothing recompiles (strides of prompt-length slices included).
+    short, short_mask = ids[:, 3:], mask[:, 3:]
+    short_eager = _run(model, head, short, short_mask, 16, TREE, cache_implementation="static", compile=False)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        short_comp = _run(model, head, short, short_mask, 16, TREE, cache_implementation="static", compile="default")
+    assert torch.equal(short_comp.sequences, short_eager.sequences)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled path (CUDA graphs) needs a CUDA GPU")
