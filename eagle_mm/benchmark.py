@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from ._cliutil import positive_int as _positive_int
+
 __all__ = ["zoo_prompts", "timed", "run_benchmark", "format_table", "add_bench_parser", "run_bench"]
 
 logger = logging.getLogger(__name__)
@@ -170,13 +172,6 @@ def format_table(result: dict) -> str:
 
 
 # ---- `eagle-mm bench` -----------------------------------------------------------------------------
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     """Declare `eagle-mm bench`; its handler is ``run_bench``."""
     parser = subparsers.add_parser(

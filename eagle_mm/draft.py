@@ -94,45 +94,31 @@ def extend_head(head, cache: HeadCache | None, hidden: torch.Tensor, tokens: tor
     ``cache.length`` and the length advances by ``advance`` (default A): the entries past it are padding
     that the next cycle overwrites, so A can stay fixed while acceptance varies.
     """
-    if cache is not None and cache.length is not None:
-        return _extend_static(head, cache, hidden, tokens, pos, step or head.step, advance)
+    static = cache is not None and cache.length is not None
+    B, A = pos.shape
+    if static and cache.length + A > cache.pos.shape[1]:
+        raise ValueError(f"static head cache full: {cache.length} + {A} entries > capacity {cache.pos.shape[1]}")
     dtype = next(head.parameters()).dtype
     h = head.fuse(hidden)
     e = head.embed(tokens) if embeds is None else embeds.to(h.dtype)
-    valid = pos >= 0
     q = pos[:, :, None]
-    causal = (pos[:, None, :] <= q) & valid[:, None, :]  # (B, A, A)
+    causal = (pos[:, None, :] <= q) & (pos >= 0)[:, None, :]  # (B, A, A)
     if cache is None:
         allowed, past = causal, None
     else:
-        old = (cache.pos[:, None, :] >= 0) & (cache.pos[:, None, :] <= q)
-        allowed, past = torch.cat((old, causal), dim=-1), (cache.k, cache.v)
-    out, logits, (k, v) = head.step(e, h, pos.clamp(min=0), _additive(allowed, dtype), past)
+        old = (cache.pos[:, None, :] >= 0) & (cache.pos[:, None, :] <= q)  # (B, A, C)
+        # Static: the scratch slots between the committed ones and the new entries hold draft leftovers.
+        gap = (torch.zeros(B, A, cache.scratch, dtype=torch.bool, device=pos.device),) if static else ()
+        allowed, past = torch.cat((old, *gap, causal), dim=-1), (cache.k, cache.v)
+    out, logits, (k, v) = (step or head.step)(e, h, pos.clamp(min=0), _additive(allowed, dtype), past)
     if cache is None:
         cache = HeadCache(k, v, pos)
+    elif static:  # write in place at the committed length; only ``advance`` of the A entries count
+        n = cache.length
+        cache.k[:, :, n:n + A], cache.v[:, :, n:n + A], cache.pos[:, n:n + A] = k, v, pos
+        cache.length = n + (A if advance is None else advance)
     else:
         cache = HeadCache(torch.cat((cache.k, k), 2), torch.cat((cache.v, v), 2), torch.cat((cache.pos, pos), 1))
-    return cache, out, logits
-
-
-def _extend_static(head, cache: HeadCache, hidden, tokens, pos, step, advance):
-    dtype = next(head.parameters()).dtype
-    B, A = pos.shape
-    n = cache.length
-    if n + A > cache.pos.shape[1]:
-        raise ValueError(f"static head cache full: {n} + {A} entries > capacity {cache.pos.shape[1]}")
-    valid = pos >= 0
-    q = pos[:, :, None]
-    causal = (pos[:, None, :] <= q) & valid[:, None, :]  # (B, A, A)
-    old = (cache.pos[:, None, :] >= 0) & (cache.pos[:, None, :] <= q)  # (B, A, C)
-    scratch = torch.zeros(B, A, cache.scratch, dtype=torch.bool, device=pos.device)
-    allowed = torch.cat((old, scratch, causal), dim=-1)  # (B, A, C + scratch + A)
-    out, logits, (k, v) = step(head.embed(tokens), head.fuse(hidden), pos.clamp(min=0), _additive(allowed, dtype),
-                               (cache.k, cache.v))
-    cache.k[:, :, n:n + A] = k
-    cache.v[:, :, n:n + A] = v
-    cache.pos[:, n:n + A] = pos
-    cache.length = n + (A if advance is None else advance)
     return cache, out, logits
 
 
@@ -189,8 +175,9 @@ def draft_candidates(head, cache: HeadCache, root_out: torch.Tensor, root_logits
     expanded = [torch.full((B, 1), -1, dtype=torch.long, device=dev)]  # candidate id of each q row
     front_idx = torch.arange(k, device=dev).expand(B, k)  # candidate ids of the frontier
     front_hidden = root_out[:, None, :].expand(B, k, root_out.shape[-1])
-    if static:
-        front_hidden = front_hidden.contiguous()  # the strides of the later frontiers: one compiled step for all
+    if static:  # row-major strides like the later frontiers': one compiled step for all. (contiguous() is not
+        # enough: with size-1 dims it keeps the root's prompt-length stride, and dynamo guards on strides.)
+        front_hidden = front_hidden.clone(memory_format=torch.contiguous_format)
     # Ancestry over the draft's own entries; static: over all scratch slots from the start (fixed shapes).
     front_anc = torch.zeros(B, k, cache.scratch if static else 0, dtype=torch.bool, device=dev)
     tk = tv = None

@@ -228,12 +228,6 @@ def _choose(scores: torch.Tensor, do_sample: bool, generator) -> torch.Tensor:
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
-def _packed(x: torch.Tensor) -> torch.Tensor:
-    """A copy with row-major strides. A slice such as ``h[:, -1]`` with B = 1 counts as contiguous but keeps the
-    prompt-length stride, and torch.compile guards on strides: the compiled head step would recompile per prompt."""
-    return x.clone(memory_format=torch.contiguous_format)
-
-
 def _prefill(model, head, cap, input_ids, attention_mask, position_ids, images, processors, gen,
              generator, target: StaticTarget | None = None, tree: TreeConfig | None = None) -> DecodeState:
     B = input_ids.shape[0]
@@ -263,7 +257,7 @@ def _prefill(model, head, cap, input_ids, attention_mask, position_ids, images, 
         hcache = HeadCache.static(hcache, target.length, (tree.depth - 1) * tree.top_k)
     return DecodeState(
         cache=cache, slots=SlotBook.after_prefill(cache, slot_pos), head_cache=hcache, root=root,
-        root_pos=position_ids[:, -1] + 1, root_out=_packed(h_out[:, -1]), root_logits=h_logits[:, -1],
+        root_pos=position_ids[:, -1] + 1, root_out=h_out[:, -1], root_logits=h_logits[:, -1],
         rope_offsets=rope_offsets(images, position_ids) if images is not None else None,
         prompt=input_ids.tolist(), generated=[[] for _ in range(B)], finished=[False] * B, target=target,
     )

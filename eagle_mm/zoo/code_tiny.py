@@ -32,7 +32,8 @@ from .corpus import Corpus, def_prompts, load_corpus
 from .pretrain import ModelShape, PretrainConfig, count_parameters, evaluate, pretrain, save_model, token_stream
 from .tokenizer import EOT, load_tokenizer, train_tokenizer
 
-__all__ = ["HeadTraining", "CodeTinyConfig", "real_config", "toy_config", "apply_overrides", "budget", "build", "merge_heads",
+__all__ = ["HeadTraining", "CodeTinyConfig", "real_config", "toy_config", "apply_overrides", "budget", "build",
+           "merge_heads", "train_head",
            "main"]
 
 logger = logging.getLogger(__name__)
@@ -258,25 +259,24 @@ def _write_jsonl(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-def _train_head(kind: str, config: CodeTinyConfig, out: Path, work: Path, data: str, eval_data: str,
-                seed: int, device: torch.device, vocab_size: int) -> dict:
+def train_head(h: HeadTraining, kind: str, name: str, out: Path, work: Path, data: str, eval_data: str, seed: int,
+               device: torch.device, **fields) -> dict:
+    """Train one draft head with ``eagle_mm.train`` on the build's ``out/target``, copy it to ``out/name``, and
+    return its manifest entry. ``fields``: further ``TrainConfig`` fields (draft vocabulary, aux layers, ...)."""
     from ..train import TrainConfig, train
 
-    h = config.heads
     cfg = TrainConfig(
-        target=str(out / "target"), data=data, eval_data=eval_data, output_dir=str(work / kind), kind=kind,
+        target=str(out / "target"), data=data, eval_data=eval_data, output_dir=str(work / name), kind=kind,
         max_length=h.max_length, epochs=h.epochs, max_steps=h.max_steps, batch_size=h.batch_size, lr=h.lr,
         warmup_ratio=h.warmup_ratio, ttt_steps=h.ttt_steps, eval_samples=h.eval_samples,
         eval_max_new_tokens=h.eval_max_new_tokens, seed=seed, save_every=10**9, keep_checkpoints=1,
-        draft_vocab_size=min(h.eagle3_draft_vocab, vocab_size) if kind == "eagle3" else None,
-        aux_layers=h.eagle3_aux_layers if kind == "eagle3" else None,
         mixed_precision="bf16" if device.type == "cuda" else "no",
-        target_dtype="auto" if device.type == "cuda" else "float32", save_dtype="bfloat16")
+        target_dtype="auto" if device.type == "cuda" else "float32", save_dtype="bfloat16", **fields)
     tick = time.perf_counter()
     result = train(cfg)
-    (out / kind).mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy2(work / kind / name, out / kind / name)
+    (out / name).mkdir(parents=True, exist_ok=True)
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy2(work / name / f, out / name / f)
     tail = result.losses[-10:]
     return {"train_config": cfg.to_dict() | {"target": "target/", "data": "(build)", "eval_data": "(build)",
                                              "output_dir": "(build)"},
@@ -312,8 +312,11 @@ def build_heads(config: CodeTinyConfig, out: Path, device, seed: int, corpus_sha
     entries = {"head_data": {"text_rows": len(rows), "generated_rows": len(generated),
                              "generated_tokens": config.generated_tokens, "max_length": config.heads.max_length,
                              "seconds": round(time.perf_counter() - tick, 1)}}
+    h = config.heads
     for kind in kinds:
-        entries[kind] = _train_head(kind, config, out, work, data, eval_data, seed, device, len(tokenizer))
+        fields = dict(draft_vocab_size=min(h.eagle3_draft_vocab, len(tokenizer)),
+                      aux_layers=h.eagle3_aux_layers) if kind == "eagle3" else {}
+        entries[kind] = train_head(h, kind, kind, out, work, data, eval_data, seed, device, **fields)
     return entries
 
 

@@ -47,10 +47,15 @@ class ZooModel:
     prompts: list[str] = field(default_factory=list)  # validation prompts (prompts.json)
 
     def demo_tree(self):
-        """The ``TreeConfig`` suggested for the target's device type (``DEMO_TREES``)."""
-        from ..config import TreeConfig
+        """The ``TreeConfig`` suggested for the target's device (``DEMO_TREES``)."""
+        return demo_tree(self.target.device)
 
-        return TreeConfig(**DEMO_TREES.get(self.target.device.type, {}))
+
+def demo_tree(device: torch.device):
+    """The ``TreeConfig`` suggested for a device type (``DEMO_TREES``)."""
+    from ..config import TreeConfig
+
+    return TreeConfig(**DEMO_TREES.get(torch.device(device).type, {}))
 
 
 def _root() -> tuple[Path, str]:
@@ -165,24 +170,20 @@ class ScenesModel:
         """Model inputs for one question about one PIL image, exactly as the build graded the VLM."""
         import numpy as np
 
-        from .scenes_vlm import IMAGE_TOKEN, pixels
+        from .scenes_vlm import PromptEncoder, pixels
 
         if image.size != (self.image_size, self.image_size):
             image = image.resize((self.image_size, self.image_size))
         dev = self.target.device
-        eot = self.tokenizer.eos_token_id
-        image_ids = [self.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)] * self.target.config.image_seq_length
-        ids = [eot] + self.tokenizer(question + "\n", add_special_tokens=False).input_ids + image_ids
+        ids = PromptEncoder(self.tokenizer, self.target.config.image_seq_length).prompt(question)
         pix = pixels(torch.from_numpy(np.array(image.convert("RGB")))[None])  # (1, 3, S, S)
         input_ids = torch.tensor([ids], device=dev)
         return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
                 "pixel_values": pix.to(dev, self.target.dtype)}
 
     def demo_tree(self):
-        """The ``TreeConfig`` suggested for the target's device type (``DEMO_TREES``)."""
-        from ..config import TreeConfig
-
-        return TreeConfig(**DEMO_TREES.get(self.target.device.type, {}))
+        """The ``TreeConfig`` suggested for the target's device (``DEMO_TREES``)."""
+        return demo_tree(self.target.device)
 
 
 def load_scenes_dir(path, *, device=None, dtype=None, name: str | None = None) -> ScenesModel:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from . import scenes_data as sd
-from .code_tiny import HeadTraining, _device, _files, _versions, apply_overrides
+from .code_tiny import HeadTraining, _device, _files, _versions, apply_overrides, train_head
 from .scenes_vlm import (VLMShape, VLMTraining, evaluate_tasks, make_model, make_processor, pretrain_vlm,
                          render_pool, train_tokenizer)
 
@@ -187,32 +187,13 @@ def _head_rows(config: ScenesTinyConfig, out: Path, work: Path, device: torch.de
 
 def _train_head(name: str, image_embeds: bool, config: ScenesTinyConfig, out: Path, work: Path, data: str,
                 eval_data: str, seed: int, device: torch.device) -> dict:
-    from ..train import TrainConfig, train
-
-    h = config.heads
-    cfg = TrainConfig(
-        target=str(out / "target"), data=data, eval_data=eval_data, output_dir=str(work / name), kind="eagle3",
-        max_length=h.max_length, epochs=h.epochs, max_steps=h.max_steps, batch_size=h.batch_size, lr=h.lr,
-        warmup_ratio=h.warmup_ratio, ttt_steps=h.ttt_steps, eval_samples=h.eval_samples,
-        eval_max_new_tokens=h.eval_max_new_tokens, seed=seed, save_every=10**9, keep_checkpoints=1,
-        draft_vocab_size=h.eagle3_draft_vocab, aux_layers=config.aux_layers, image_embeds=image_embeds,
-        mixed_precision="bf16" if device.type == "cuda" else "no",
-        target_dtype="auto" if device.type == "cuda" else "float32", save_dtype="bfloat16")
     from .tokenizer import load_tokenizer
 
+    h = config.heads
     vocab = len(load_tokenizer(out / "target"))
-    cfg = cfg.replace(draft_vocab_size=min(h.eagle3_draft_vocab, vocab))
-    tick = time.perf_counter()
-    result = train(cfg)
-    (out / name).mkdir(parents=True, exist_ok=True)
-    for f in ("config.json", "model.safetensors"):
-        shutil.copy2(work / name / f, out / name / f)
-    tail = result.losses[-10:]
-    return {"image_embeds": image_embeds, "steps": result.step, "final_loss": sum(tail) / len(tail),
-            "final_accuracy": result.accuracies[-1], "val_mean_accept_length": result.mean_accept_length,
-            "seconds": round(time.perf_counter() - tick, 1),
-            "train_config": cfg.to_dict() | {"target": "target/", "data": "(build)", "eval_data": "(build)",
-                                             "output_dir": "(build)"}}
+    entry = train_head(h, "eagle3", name, out, work, data, eval_data, seed, device, image_embeds=image_embeds,
+                       draft_vocab_size=min(h.eagle3_draft_vocab, vocab), aux_layers=config.aux_layers)
+    return {"image_embeds": image_embeds, **entry}
 
 
 def build_heads(config: ScenesTinyConfig, out: Path, device: torch.device, seed: int,

@@ -23,9 +23,8 @@ import torch.nn.functional as F
 from . import scenes_data as sd
 from .tokenizer import EOT
 
-__all__ = ["IMAGE_TOKEN", "CHAT_TEMPLATE", "VLMShape", "VLMTraining", "ScenePool", "train_tokenizer",
-           "make_processor", "make_model", "prompt_text", "pixels", "render_pool", "pretrain_vlm", "answer",
-           "evaluate_tasks"]
+__all__ = ["IMAGE_TOKEN", "CHAT_TEMPLATE", "VLMShape", "VLMTraining", "ScenePool", "PromptEncoder", "train_tokenizer",
+           "make_processor", "make_model", "pixels", "render_pool", "pretrain_vlm", "answer", "evaluate_tasks"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,11 +141,6 @@ def make_model(shape: VLMShape, tokenizer):
     return model
 
 
-def prompt_text(question: str) -> str:
-    """The prompt the chat template writes for one question about one image."""
-    return f"{EOT}{question}\n{IMAGE_TOKEN}"
-
-
 def pixels(images: torch.Tensor) -> torch.Tensor:
     """(B, H, W, 3) uint8 -> (B, 3, H, W) float in [-1, 1]: what the processor makes of a scene at its size."""
     return images.permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
@@ -191,8 +185,9 @@ def _choose(qa: list, rng: random.Random, caption_share: float) -> tuple[str, st
     return rng.choice([x for x in qa if x[0] == task])
 
 
-class _Encoder:
-    """Token ids of questions and answers, remembered (a few hundred distinct questions, captions once each)."""
+class PromptEncoder:
+    """The one prompt format, for training, grading and decoding: ``<|endoftext|> question \\n <image> x N``, then
+    the answer. Token ids are remembered (a few hundred distinct questions, captions once each)."""
 
     def __init__(self, tokenizer, image_tokens: int):
         self.tok, self.cache = tokenizer, {}
@@ -213,7 +208,7 @@ class _Encoder:
         return p + self.ids(answer) + [self.eot], len(p)
 
 
-def _batch(pool: ScenePool, enc: _Encoder, idx: list[int], rng: random.Random, cfg: VLMTraining, device):
+def _batch(pool: ScenePool, enc: PromptEncoder, idx: list[int], rng: random.Random, cfg: VLMTraining, device):
     rows = [enc.row(*_choose(pool.qa[i], rng, cfg.caption_share)[1:]) for i in idx]
     T = max(len(r) for r, _ in rows)
     ids = torch.full((len(rows), T), enc.eot, dtype=torch.long)
@@ -235,7 +230,7 @@ def pretrain_vlm(model, tokenizer, pool: ScenePool, cfg: VLMTraining, device) ->
     """Train ``model`` (in place) on questions about the pool's scenes; the loss covers the answers only."""
     device = torch.device(device)
     model.to(device).train()
-    enc = _Encoder(tokenizer, model.config.image_seq_length)
+    enc = PromptEncoder(tokenizer, model.config.image_seq_length)
     images = pool.images.to(device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
@@ -287,7 +282,7 @@ def answer(model, tokenizer, images: torch.Tensor, questions: list[str], *, max_
            batch_size: int = 256) -> list[str]:
     """Greedy answers: images (N, S, S, 3) uint8 at the model's size, one question each."""
     device = model.get_input_embeddings().weight.device
-    enc = _Encoder(tokenizer, model.config.image_seq_length)
+    enc = PromptEncoder(tokenizer, model.config.image_seq_length)
     out = []
     for i in range(0, len(questions), batch_size):
         prompts = [enc.prompt(q) for q in questions[i: i + batch_size]]
