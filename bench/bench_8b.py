@@ -1,6 +1,7 @@
 """8B-scale speculative decoding with forced acceptance: tokens/s of generate and ours, eager and compiled.
 
-Target: a random-init Llama-3.1-8B-shaped model in bf16 (bench/shapes.py); head: an EAGLE-3 head of the
+Target: a random-init Llama-3.1-8B-shaped model in bf16 (bench/shapes.py), its embeddings and lm_head arranged
+by ``shapes.make_peaked`` so that greedy decoding has wide margins (no bf16 near-ties); head: an EAGLE-3 head of the
 official 8B shape (one 4096-wide layer, a 32k draft vocabulary). Random weights give no real acceptance, so
 ``forced.ForcedHead`` replaces the head's proposals (after its real computation) by the target's own greedy
 continuation, made wrong at positions chosen for a mean of ``--accept`` tokens per cycle. Modes, in run order:
@@ -89,12 +90,13 @@ def build(args, device):
         cfg._attn_implementation = "sdpa"
         torch.manual_seed(0)
         target = LlamaForCausalLM(cfg).to(device).eval().requires_grad_(False)
-        with torch.no_grad():
-            target.get_output_embeddings().weight.mul_(8.0)  # sharpen: greedy far from ties
     else:
         from shapes import random_8b_target
 
         target = random_8b_target(args.layers)
+    from shapes import make_peaked
+
+    make_peaked(target)  # greedy far from ties: bf16 rounding cannot derail the forcing
     target.generation_config.eos_token_id = None
     target.generation_config.pad_token_id = 0
     vocab = target.config.vocab_size

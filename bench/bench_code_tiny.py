@@ -4,8 +4,10 @@ Methods: plain ``model.generate``; ``generate`` with a static cache, which HF co
 (``generate_compiled``); HF prompt-lookup decoding (``prompt_lookup_num_tokens``); HF assisted
 generation with the 2-layer assistant (``assistant_model``); EAGLE and EAGLE-3 through
 ``eagle_mm.speculative_generate``, each with a chain and a tree, and EAGLE-3 compiled
-(``cache_implementation="static"``, ``*_compiled``; CUDA only, like ``generate_compiled``). Each runs greedy and sampled (seeded per
-prompt). Reported per method: tokens/s, the speed-up over ``generate`` in the same decoding mode, and the mean
+(``cache_implementation="static"``, ``*_compiled``; CUDA only, like ``generate_compiled``), and EAGLE-3 with
+``tree="auto"`` (``eagle3_auto``: ``choose_tree`` calibrates once, untimed, on the last ``--calib-prompts``
+prompts of prompts.json, never the measured ones; the chosen tree and the calibration are in the JSON's meta).
+Each runs greedy and sampled (seeded per prompt). Reported per method: tokens/s, the speed-up over ``generate`` in the same decoding mode, and the mean
 acceptance length counted the same way for every method: new tokens / target forwards, every call of the
 target's forward counted by a pre-hook (1.0 for plain generate). HF's assisted and prompt-lookup loops verify
 candidates from their first forward on, so for them this is exactly the tokens gained per verification; EAGLE
@@ -31,7 +33,7 @@ import time
 import torch
 
 METHODS = ("generate", "generate_compiled", "prompt_lookup", "assisted", "eagle_chain", "eagle_tree", "eagle3_chain",
-           "eagle3_tree", "eagle3_chain_compiled", "eagle3_tree_compiled")
+           "eagle3_tree", "eagle3_auto", "eagle3_chain_compiled", "eagle3_tree_compiled")
 # Static cache + torch.compile (CUDA graphs): generate() compiles its decode step only on CUDA, and so does
 # speculative_generate(cache_implementation="static") by default; on a CPU these methods run their static cache
 # uncompiled (rows say "compiled": false).
@@ -57,6 +59,8 @@ def parse_args(argv=None):
     p.add_argument("--top-k", type=int, default=None, help="EAGLE tree top_k (default: TreeConfig's)")
     p.add_argument("--total-tokens", type=int, default=None, help="EAGLE tree size (default: TreeConfig's)")
     p.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens")
+    p.add_argument("--calib-prompts", type=int, default=4,
+                   help="eagle3_auto: calibrate tree='auto' on this many prompts from the end of prompts.json")
     p.add_argument("--compile-cpu", action="store_true",
                    help="on a CPU, compile our *_compiled methods too (torch.compile, inductor; compiled untimed "
                         "first); generate_compiled stays uncompiled: HF compiles its static cache on CUDA only")
@@ -200,13 +204,44 @@ def _load(args):
 def _print_table(rows) -> None:
     print(f"{'mode':8} {'method':22} {'tok/s':>9} {'speed-up':>9} {'vs best HF':>10} {'accept':>7} {'match':>6}")
     for r in rows:
+        if "error" in r:
+            print(f"{r['mode']:8} {r['method']:22} {r['error']}")
+            continue
         accept = "n/a" if r["mean_accept_length"] is None else f"{r['mean_accept_length']:.2f}"
         match = {True: "yes", False: "NO", None: "-"}[r.get("matches_generate")]
         print(f"{r['mode']:8} {r['method']:22} {r['tokens_per_s']:9.1f} {r['speedup']:8.2f}x "
               f"{r['speedup_vs_best_hf']:9.2f}x {accept:>7} {match:>6}")
 
 
+def _auto_tree(zoo_model, args, device) -> dict:
+    """tree="auto" for EAGLE-3, calibrated (untimed) on prompts the benchmark does not measure."""
+    from eagle_mm.autotree import choose_tree
+
+    calib = zoo_model.prompts[len(zoo_model.prompts) - args.calib_prompts:]
+    if args.calib_prompts < 1 or len(zoo_model.prompts) - args.calib_prompts < args.prompts:
+        raise SystemExit(f"eagle3_auto needs {args.prompts} measured + {args.calib_prompts} calibration prompts, "
+                         f"disjoint; prompts.json has {len(zoo_model.prompts)}")
+    ids = [zoo_model.tokenizer(p, return_tensors="pt").input_ids[0].to(device) for p in calib]
+    result = choose_tree(zoo_model.target, zoo_model.eagle3_head, ids)
+    print(result.table(8))
+    return {"tree": result.tree, "report": result.as_dict(candidates=False)}
+
+
+def _finish_rows(rows, mode) -> None:
+    """Speed-ups of ``mode``'s rows over generate and over the best plain HF path (eager or compiled generate)."""
+    done = [r for r in rows if r["mode"] == mode and "tokens_per_s" in r]
+    base = next((r["tokens_per_s"] for r in done if r["method"] == "generate"), None)
+    hf = [r["tokens_per_s"] for r in done if r["method"].startswith("generate")]
+    for r in done:
+        r["speedup"] = r["tokens_per_s"] / base if base else None
+        r["speedup_vs_best_hf"] = r["tokens_per_s"] / max(hf) if hf else None
+
+
 def main(argv=None) -> dict:
+    import transformers
+
+    import eagle_mm
+
     args = parse_args(argv)
     zoo_model = _load(args)
     if not zoo_model.prompts:
@@ -219,25 +254,6 @@ def main(argv=None) -> dict:
     if device.type != "cuda" and any(m in COMPILED and not _compiles(m, device, args) for m in methods):
         print(f"{[m for m in methods if m in COMPILED and not _compiles(m, device, args)]} run uncompiled (static cache only): torch.compile with CUDA "
               f"graphs needs a CUDA device, this run is on {device.type}", file=sys.stderr)
-    rows = []
-    for mode in args.modes:
-        reference = None
-        for method in methods:
-            row, outputs = run_method(zoo_model, method, mode, encs, args, trees, reference)
-            if method == "generate":
-                reference = outputs
-            rows.append(row)
-        base = next(r for r in rows if r["mode"] == mode and r["method"] == "generate")["tokens_per_s"]
-        # The best plain HF path: eager or compiled generate, whichever was faster here.
-        best_hf = max(r["tokens_per_s"] for r in rows if r["mode"] == mode and r["method"].startswith("generate"))
-        for r in rows:
-            if r["mode"] == mode:
-                r["speedup"] = r["tokens_per_s"] / base
-                r["speedup_vs_best_hf"] = r["tokens_per_s"] / best_hf
-    import transformers
-
-    import eagle_mm
-
     manifest = zoo_model.manifest
     result = {
         "meta": {
@@ -250,13 +266,39 @@ def main(argv=None) -> dict:
             "seed": args.seed, "chain": dataclasses.asdict(trees["chain"]), "tree": dataclasses.asdict(trees["tree"]),
             "prompt_lookup_num_tokens": args.prompt_lookup,
         },
-        "rows": rows,
+        "rows": [],
     }
+    rows = result["rows"]
+
+    def save() -> None:  # after every row: a run cut short by a time limit keeps what it measured
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                json.dump(result, f, indent=1)
+                f.write("\n")
+
+    if "eagle3_auto" in methods:
+        auto = _auto_tree(zoo_model, args, device)
+        trees["auto"] = auto["tree"]
+        result["meta"]["auto"] = {"tree": dataclasses.asdict(auto["tree"]), "calib_prompts": args.calib_prompts,
+                                  **auto["report"]}
+    for mode in args.modes:
+        reference = None
+        for method in methods:
+            try:
+                row, outputs = run_method(zoo_model, method, mode, encs, args, trees, reference)
+            except Exception as e:  # recorded; the other methods still run (a failed reference stops the mode)
+                rows.append({"mode": mode, "method": method, "error": f"{type(e).__name__}: {e}"})
+                print(f"{mode} {method} failed: {type(e).__name__}: {e}", file=sys.stderr)
+                save()
+                if method == "generate":
+                    break
+                continue
+            if method == "generate":
+                reference = outputs
+            rows.append(row)
+            _finish_rows(rows, mode)
+            save()
     _print_table(rows)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
     return result
 
 

@@ -2,7 +2,8 @@
 
 Methods, on the same validation scenes (picture + question, the image right before the answer): plain
 ``model.generate``; the image-aware EAGLE-3 head (``eagle3``: at image positions it reads the merged image
-embeddings) and the ablation (``eagle3-noimage``: the placeholder token's embedding there), each with the
+embeddings), the ablation (``eagle3-noimage``: the placeholder token's embedding there) and the stricter ablation
+(``eagle3-blind``: also zeros for the target's features there, so nothing of the image's positions), each with the
 default tree and a chain. Reported per method: wall time and speed-up over ``generate``, whether every output
 equals ``generate``'s token for token, ``SpeculativeStats.mean_accept_length`` (tokens per verify forward, bonus
 included, before stopping truncation) over all prompts, and the same right after the image: tokens committed
@@ -24,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-METHODS = ("generate", "eagle3_tree", "eagle3_chain", "noimage_tree", "noimage_chain")
+METHODS = ("generate", "eagle3_tree", "eagle3_chain", "noimage_tree", "noimage_chain", "blind_tree", "blind_chain")
 
 
 def parse_args(argv=None):
@@ -69,7 +70,7 @@ def run(zm, examples, args) -> dict:
 
     device = zm.target.device
     trees = {"tree": zm.demo_tree(), "chain": TreeConfig.chain(args.chain_depth)}
-    heads = {"eagle3": zm.head, "noimage": zm.ablation_head}
+    heads = {"eagle3": zm.head, "noimage": zm.ablation_head, "blind": zm.blind_head}
     kw = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
     inputs = [zm.inputs(ex["image"], ex["prompt"]) for ex in examples]
 

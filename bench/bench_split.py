@@ -130,7 +130,9 @@ def run_dtype(args, dtype: torch.dtype, work: Path) -> dict:
     import eagle_mm as em
     from eagle_mm.arch import execution_device
 
+    logger.info("%s: building and placing the target", dtype)
     model, place_s = place(args, dtype, work)
+    logger.info("%s: placed in %.1f s", dtype, place_s)
     placed = {}
     if torch.cuda.is_available():  # weights only, then the peaks of decoding on top of them
         for i in range(torch.cuda.device_count()):
@@ -145,6 +147,7 @@ def run_dtype(args, dtype: torch.dtype, work: Path) -> dict:
     base = em.Eagle3Head.from_target(model, aux_layers=aux)  # on the embeddings' device, in the target's dtype
     model.generate(ids, max_new_tokens=4, do_sample=False)  # warm-up (CUDA context, kernels' first launches)
     em.speculative_generate(model, base, input_ids=ids, max_new_tokens=4, tree=tree)  # warm-up (Triton compile)
+    logger.info("%s: warmed up", dtype)
 
     ref, gen_s = _timed(lambda: model.generate(ids, max_new_tokens=new, do_sample=False, output_scores=True,
                                                return_dict_in_generate=True))

@@ -1,11 +1,15 @@
 """Benchmark fused greedy tree verification on a CUDA GPU.
 
-For each tree size N and vocabulary V (bf16 logits (B, N+1, V)) it times the Triton kernel, the torch
+For each tree size N and vocabulary V (bf16 logits (B, N+1, V)) it times the Triton kernel in its two
+variants (two launches, the default; and fused=True, one launch with per-row ticket counters), the torch
 reference (argmax + greedy_accept + path_indices), torch.argmax alone, and the memory floor: the bytes
 of logits read once over the device's measured copy bandwidth. Two timings per function:
   gpu: CUDA-graph replay of calls over rotating copies of the inputs (more bytes than the L2 holds),
        so no launch overhead and no L2 reuse: the device time.
   eager: wall clock per call over back-to-back calls: what an un-graphed decode loop pays (host included).
+Every Triton variant is checked bit-exact against the reference (bit_exact_two_launch, bit_exact_fused;
+the fused one again after its timings, which proves its counters were reset call after call; with
+--tilings, tilings_not_exact lists any tiling that differs); the exit status is 1 if any differs.
 Prints a markdown table; --out writes JSON. Run from the repository root with the package importable
 (pip install -e . or PYTHONPATH=.):
 
@@ -14,6 +18,7 @@ Prints a markdown table; --out writes JSON. Run from the repository root with th
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -27,7 +32,8 @@ def parse_args(argv=None):
     p.add_argument("--vocab", type=int, nargs="+", default=[32000, 128256, 152064])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--depth", type=int, default=8, help="max tree depth D")
-    p.add_argument("--tilings", action="store_true", help="also time block_v x num_warps x programs/SM variants")
+    p.add_argument("--tilings", action="store_true",
+                   help="also time block_v x num_warps x programs/SM x fused x unroll variants")
     p.add_argument("--out", help="write the results as JSON here")
     return p.parse_args(argv)
 
@@ -121,12 +127,17 @@ def main(argv=None) -> int:
             logits = case[0]
             copies = max(2, -(-4 * l2 // (logits.numel() * logits.element_size())))  # >= 4x the L2 in all
             inputs = [(logits.clone(), *case[1:]) for _ in range(copies)]
-            got = verify_greedy_triton(*case, D, with_path=True)
             want = verify_greedy_reference(*case, D, with_path=True)
-            exact = all(torch.equal(g, w) for g, w in zip(got, want))
+
+            def exact(**kw) -> bool:
+                got = verify_greedy_triton(*case, D, with_path=True, **kw)
+                return all(torch.equal(g, w) for g, w in zip(got, want))
 
             def triton_fn(*a, **kw):
                 return verify_greedy_triton(*a, D, with_path=True, **kw)
+
+            def fused_fn(*a, **kw):
+                return verify_greedy_triton(*a, D, with_path=True, fused=True, **kw)
 
             def ref_fn(*a):
                 return verify_greedy_reference(*a, D, with_path=True)
@@ -134,31 +145,43 @@ def main(argv=None) -> int:
             def argmax_fn(lg, *_):
                 return lg.argmax(-1)
 
-            row = {"B": args.batch, "N": N, "V": V, "D": D, "bit_exact": exact, "accept_len": got[0].tolist(),
+            row = {"B": args.batch, "N": N, "V": V, "D": D, "bit_exact_two_launch": exact(),
+                   "bit_exact_fused": exact(fused=True), "accept_len": want[0].tolist(),
                    "floor_us": logits.numel() * logits.element_size() / bw * 1e6}
-            for name, fn in (("triton", triton_fn), ("torch_ref", ref_fn), ("argmax", argmax_fn)):
+            for name, fn in (("triton", triton_fn), ("triton_fused", fused_fn), ("torch_ref", ref_fn),
+                             ("argmax", argmax_fn)):
                 row[f"{name}_gpu_us"] = gpu_us(fn, inputs)
                 row[f"{name}_eager_us"] = eager_us(fn, case)
-            if args.tilings:
-                row["tilings_gpu_us"] = {
-                    f"block_v={bv},warps={w},programs_per_sm={p}": gpu_us(
-                        lambda *a, bv=bv, w=w, p=p: triton_fn(*a, block_v=bv, num_warps=w, programs_per_sm=p), inputs)
-                    for bv in (1024, 2048, 4096) for w in (4, 8) for p in (1, 2, 4, 8, 16)
-                }
+            # Again after hundreds of fused calls and graph replays: right only if every call reset its counters.
+            row["bit_exact_fused"] &= exact(fused=True)
+            row["bit_exact"] = row["bit_exact_two_launch"] and row["bit_exact_fused"]
+            if args.tilings:  # 120 variants: 24 compiles, then one graph each
+                row["tilings_gpu_us"], row["tilings_not_exact"] = {}, []
+                for bv, w, p, f, u in itertools.product((1024, 2048, 4096), (4, 8), (1, 2, 4, 8, 16),
+                                                        (False, True), (1, 2)):
+                    kw = {"block_v": bv, "num_warps": w, "programs_per_sm": p, "fused": f, "unroll": u}
+                    name = ",".join(f"{k}={v}" for k, v in kw.items())
+                    row["tilings_gpu_us"][name] = gpu_us(lambda *a, kw=kw: triton_fn(*a, **kw), inputs)
+                    if not exact(**kw):
+                        row["tilings_not_exact"].append(name)
+                        row["bit_exact"] = False
             del inputs
             rows.append(row)
             print(f"N={N} V={V}: triton {row['triton_gpu_us']:.1f} us gpu / {row['triton_eager_us']:.1f} us eager, "
+                  f"fused {row['triton_fused_gpu_us']:.1f} / {row['triton_fused_eager_us']:.1f}, "
                   f"reference {row['torch_ref_gpu_us']:.1f} / {row['torch_ref_eager_us']:.1f}", file=sys.stderr)
 
     props = torch.cuda.get_device_properties(0)
     print(f"\n{props.name}, copy bandwidth {bw / 1e9:.0f} GB/s, B={args.batch}, D={D}, bf16 logits; "
           "gpu = CUDA-graph replay over rotating inputs, eager = wall clock per call\n")
-    print("| N | V | floor us | triton gpu us | x floor | triton eager us | torch ref gpu us | torch ref eager us "
-          "| argmax gpu us | argmax eager us | exact |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| N | V | floor us | triton gpu us | x floor | triton eager us | fused gpu us | fused x floor "
+          "| fused eager us | torch ref gpu us | torch ref eager us | argmax gpu us | argmax eager us | exact |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['N']} | {r['V']} | {r['floor_us']:.1f} | {r['triton_gpu_us']:.1f} "
-              f"| {r['triton_gpu_us'] / r['floor_us']:.2f} | {r['triton_eager_us']:.1f} | {r['torch_ref_gpu_us']:.1f} "
+              f"| {r['triton_gpu_us'] / r['floor_us']:.2f} | {r['triton_eager_us']:.1f} "
+              f"| {r['triton_fused_gpu_us']:.1f} | {r['triton_fused_gpu_us'] / r['floor_us']:.2f} "
+              f"| {r['triton_fused_eager_us']:.1f} | {r['torch_ref_gpu_us']:.1f} "
               f"| {r['torch_ref_eager_us']:.1f} | {r['argmax_gpu_us']:.1f} | {r['argmax_eager_us']:.1f} "
               f"| {r['bit_exact']} |")
     if args.out:

@@ -22,3 +22,26 @@ def random_8b_target(layers: int = 32):
             return LlamaForCausalLM(cfg).eval().requires_grad_(False)
     finally:
         torch.set_default_dtype(default)
+
+
+@torch.no_grad()
+def make_peaked(model, *, embed_scale: float = 100.0, logit_scale: float = 0.125, seed: int = 0) -> None:
+    """Rearrange a random Llama's embeddings and lm_head (in place) so that greedy decoding follows a fixed random
+    permutation of the vocabulary with a wide margin: the next token after t is perm[t].
+
+    Why: with plain random weights the top two logits are often within bf16 rounding, and the verify forward (many
+    query tokens) rounds differently from the reference decode, so a forced-acceptance run derails at the first
+    near-tie and its acceptance collapses (measured on the H200, 2026-11-29). Here the embedding dominates the
+    residual stream (``embed_scale``: the layers' outputs are small beside it), so the final hidden state points
+    along e_t, and lm_head row perm[t] is e_t's unit vector: logit ~ ``logit_scale`` * sqrt(H) for perm[t] against
+    ~``logit_scale`` for the rest. Shapes, dtypes and kernels are unchanged, so speed is measured as before.
+    """
+    emb = model.get_input_embeddings().weight  # (V, H)
+    head = model.get_output_embeddings().weight  # (V, H), untied
+    if head.data_ptr() == emb.data_ptr():
+        raise ValueError("make_peaked needs an untied lm_head (tie_word_embeddings=False)")
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(emb.shape[0], generator=g).to(emb.device)  # next(t) = perm[t]
+    emb.mul_(embed_scale)
+    unit = emb.float() / emb.float().norm(dim=1, keepdim=True)
+    head.copy_((unit * logit_scale)[torch.argsort(perm)])  # row perm[t] = unit(e_t) * logit_scale

@@ -41,6 +41,10 @@ class _HeadConfigBase:
     # (True), or the image placeholder token's own embedding, the image hidden from its input (False: an
     # ablation). Honoured in training (eagle_mm.train) and by speculative_generate; saved only when False.
     image_embeds: bool = True
+    # With a vision-language target: the head reads the target's features at image positions (True), or zeros
+    # there (False: with image_embeds=False the draft sees nothing of the image's own positions, only what the
+    # target carries into the text after it; the stricter ablation). Honoured like image_embeds; saved only when False.
+    image_features: bool = True
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size"):
@@ -60,8 +64,9 @@ class _HeadConfigBase:
                 f"num_attention_heads {self.num_attention_heads} must be a multiple of "
                 f"num_key_value_heads {self.num_key_value_heads}"
             )
-        if not isinstance(self.image_embeds, bool):
-            raise ValueError(f"image_embeds must be a bool, got {self.image_embeds!r}")
+        for name in ("image_embeds", "image_features"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.hidden_act not in ("silu", "gelu", "gelu_pytorch_tanh"):
             raise ValueError(f"hidden_act must be one of silu, gelu, gelu_pytorch_tanh; got {self.hidden_act!r}")
         if self.rope_theta <= 0:
@@ -91,8 +96,9 @@ class _HeadConfigBase:
         }
         if self.rope_scaling is not None:
             d["rope_scaling"] = dict(self.rope_scaling)
-        if not self.image_embeds:  # official layouts have no such key; the default needs none
-            d["image_embeds"] = False
+        for name in ("image_embeds", "image_features"):  # official layouts have no such keys; defaults need none
+            if not getattr(self, name):
+                d[name] = False
         return d
 
     @classmethod
@@ -106,7 +112,7 @@ class _HeadConfigBase:
         kw = {k: d[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")}
         kw["num_key_value_heads"] = d.get("num_key_value_heads") or d["num_attention_heads"]
         for k in ("head_dim", "rms_norm_eps", "hidden_act", "attention_bias", "max_position_embeddings",
-                  "image_embeds"):
+                  "image_embeds", "image_features"):
             if d.get(k) is not None:
                 kw[k] = d[k]
         # transformers 5 writes rope settings into `rope_parameters`; older files use `rope_theta`/`rope_scaling`.

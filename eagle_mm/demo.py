@@ -18,6 +18,7 @@ _DEMO_HIDDEN = 64
 _DEMO_INTERMEDIATE = 128
 # Four layers rather than two so an EAGLE-3 head has distinct low, middle and high layers to read.
 _DEMO_LAYERS = 4
+_SCENE = ""  # `--image` without a path: image_demo renders a validation scene
 _DEMO_HEADS = 4
 _DEMO_KV_HEADS = 2
 
@@ -39,9 +40,9 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=_positive_int, default=64)
     parser.add_argument("--prompt", default=None, metavar="TEXT",
                         help="Python source to complete (default: the first validation prompt of the build)")
-    parser.add_argument("--image", default=None, metavar="PATH",
+    parser.add_argument("--image", default=None, nargs="?", const=_SCENE, metavar="PATH",
                         help="describe this image with the scenes-tiny reference VLM (eagle_mm.zoo.scenes_tiny) "
-                             "instead")
+                             "instead; without PATH, a rendered validation scene")
     parser.add_argument("--device", default=None,
                         help="reference model's device (default: cuda if available, else cpu)")
     parser.add_argument("--random", action="store_true",
@@ -87,7 +88,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 def _run_image_demo(args: argparse.Namespace) -> int:
     if args.random:
         return _fail("--image runs the scenes-tiny reference VLM; drop --random (the random model is text-only)")
-    if not Path(args.image).is_file():
+    scene = args.image == _SCENE
+    if not scene and not Path(args.image).is_file():
         return _fail(f"--image {args.image!r} is not a file; pass the path of a PNG or JPEG image")
     try:
         from .zoo import scenes_tiny
@@ -104,10 +106,11 @@ def _run_image_demo(args: argparse.Namespace) -> int:
     if args.prompt is not None:
         options["question"] = args.prompt
     try:
-        result = scenes_tiny.image_demo(image=args.image, **options)
+        result = scenes_tiny.image_demo(image=None if scene else args.image, **options)
     except FileNotFoundError as exc:  # the model is not built or not shipped: the message names the build command
         return _fail(str(exc))
-    print(f"image: {args.image}\nquestion: {result['question']}\ncompletion: {result['completion']}\n---")
+    shown = "a rendered validation scene (seed 0)" if scene else args.image
+    print(f"image: {shown}\nquestion: {result['question']}\ncompletion: {result['completion']}\n---")
     _print_report(result["identical"], result["mean_accept_length"], result["accept_rate_per_position"],
                   result["generate_s"], result["speculative_s"])
     return 0 if result["identical"] else 1

@@ -23,7 +23,8 @@ from .compat import cache_kwarg, output_cache
 from .config import TreeConfig
 from .draft import DraftSampler, HeadCache, draft_tree, extend_head
 from .features import FeatureCapture
-from .multimodal import PREFILL_INPUTS, check_images, image_prompt, rope_offsets, verify_positions
+from .multimodal import (PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets,
+                         verify_positions)
 from .options import check_generation_config, pad_id, split_model_inputs
 from .outputs import SpeculativeOutput, SpeculativeStats
 from .processing import process_tree_logits, reads_input_ids
@@ -239,6 +240,8 @@ def _prefill(model, head, cap, input_ids, attention_mask, position_ids, images, 
         extra = {**extra, cache_kwarg(model): target.cache}
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=model_pos, **extra, use_cache=True)
     feats = cap.features()  # (B, L, F)
+    if head.hides_image_features(cap.parts):  # the stricter image ablation: zeros at the image positions
+        feats = hide_image_features(feats, input_ids, cap.parts.image_token_id)
     scores = out.logits[:, -1].float()
     if processors:
         scores = processors(input_ids, scores)

@@ -19,7 +19,8 @@ import torch
 
 from .arch import TargetParts
 
-__all__ = ["PREFILL_INPUTS", "ImagePrompt", "image_prompt", "check_images", "rope_offsets", "verify_positions"]
+__all__ = ["PREFILL_INPUTS", "ImagePrompt", "image_prompt", "check_images", "hide_image_features", "rope_offsets",
+           "verify_positions"]
 
 # Model inputs that carry images or per-token image facts: they go to the prefill forward only.
 # ``position_ids`` is accepted so M-RoPE targets keep generate()'s 3D prompt positions.
@@ -70,6 +71,17 @@ def check_images(parts: TargetParts, config, input_ids: torch.Tensor, inputs: di
         raise ValueError(f"input_ids hold {n_tokens} image tokens (id {token}) but the {n_images} image(s) give "
                          f"{sum(per_image)} image features ({per_image} per image): each image's placeholder must be "
                          f"expanded to exactly its feature count")
+
+
+def hide_image_features(features: torch.Tensor, input_ids: torch.Tensor, image_token_id: int | None) -> torch.Tensor:
+    """``features`` (B, T, F), aligned with ``input_ids`` (B, T), with zeros at the image placeholder positions:
+    what a head with ``image_features=False`` reads (the same in training and decoding)."""
+    if image_token_id is None:
+        raise ValueError("image_features=False needs a vision-language target with an image token id; this target "
+                         "has none")
+    if features.shape[:2] != input_ids.shape:
+        raise ValueError(f"features {tuple(features.shape)} do not align with input_ids {tuple(input_ids.shape)}")
+    return features.masked_fill((input_ids == image_token_id).unsqueeze(-1).to(features.device), 0)
 
 
 def rope_offsets(prompt: ImagePrompt, text_pos: torch.Tensor) -> torch.Tensor | None:

@@ -247,3 +247,26 @@ def test_bench_reports_a_bad_tree(capsys, local_dirs):
                             "--depth", 2, "--top-k", 2, "--total-tokens", 50)
     assert status == 2
     assert "total_tokens=50 exceeds" in err
+
+
+def test_demo_image_without_a_path_renders_a_scene(monkeypatch, capsys):
+    import sys
+    import types
+
+    from eagle_mm import zoo
+
+    calls = []
+
+    def image_demo(**kwargs):
+        calls.append(kwargs)
+        return {"question": "Describe the image.", "completion": "A red circle.", "identical": True,
+                "mean_accept_length": 2.5, "accept_rate_per_position": [0.5], "generate_s": 1.0,
+                "speculative_s": 0.5, "speedup": 2.0}
+
+    fake = types.ModuleType("eagle_mm.zoo.scenes_tiny")
+    fake.image_demo = image_demo
+    monkeypatch.setitem(sys.modules, "eagle_mm.zoo.scenes_tiny", fake)
+    monkeypatch.setattr(zoo, "scenes_tiny", fake, raising=False)
+    assert main(["demo", "--image"]) == 0
+    assert calls[0]["image"] is None  # image_demo's default: a rendered validation scene
+    assert "image: a rendered validation scene (seed 0)" in capsys.readouterr().out

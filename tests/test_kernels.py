@@ -94,11 +94,11 @@ def assert_same(got, want, inputs):
     assert same, "Triton verify differs from the torch reference:\n" + mismatch_report(got, want, inputs)
 
 
-def run_both(logits, tokens, parent, depth, max_depth, **tiling):
+def run_both(logits, tokens, parent, depth, max_depth, with_path=True, **tiling):
     from eagle_mm.kernels.triton_greedy import verify_greedy_triton
     logits, tokens, parent, depth = (t.to(DEVICE) for t in (logits, tokens, parent, depth))
-    got = verify_greedy_triton(logits, tokens, parent, depth, max_depth, with_path=True, **tiling)
-    want = verify_greedy_reference(logits, tokens, parent, depth, max_depth, with_path=True)
+    got = verify_greedy_triton(logits, tokens, parent, depth, max_depth, with_path=with_path, **tiling)
+    want = verify_greedy_reference(logits, tokens, parent, depth, max_depth, with_path=with_path)
     assert_same(got, want, (logits, tokens, parent, depth))
     return got
 
@@ -109,21 +109,31 @@ SMALL_TILING = {"block_v": 32, "splits": 3}  # many chunks and several splits ev
 SHAPES = [(B, n, V) for B in (1, 3) for n in (1, 7, 41) for V in (1, 97, 1271, 4099) if (B, n, V) != (3, 41, 1)]
 
 
+# The two-launch kernel and the single-launch one (ticket counters). unroll=2 (two chunks per loop
+# step) is checked by the tie, special-value and consecutive-call tests; all shapes again would double
+# the interpreter's time for a branch that depends on the chunk layout, not on the shape.
+VARIANTS = {"two_launch": {}, "fused": {"fused": True}}
+
+
 @needs_triton
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("B, n, V", SHAPES)
-def test_matches_reference(B, n, V, dtype):
+def test_matches_reference(B, n, V, dtype, variant):
     case = make_case(B, n, V, dtype, seed=B * 1_000_003 + n * 1009 + V * 7 + DTYPES.index(dtype))
     # The interpreter pays per chunk: the small tiling only where rows x chunks stays small.
     tiling = SMALL_TILING if B * n <= 7 and 1 < V <= 1271 else {}
-    got = run_both(*case, **tiling)
+    # fp16 runs without the path: the path does not depend on the dtype, and both branches get run.
+    got = run_both(*case, with_path=dtype != torch.float16, **tiling, **VARIANTS[variant])
     if n > 1 and V > 1:  # the construction must really produce acceptances
         assert got[0][0] > 0, "make_case planted a path in row 0, yet nothing was accepted"
 
 
 @needs_triton
 @pytest.mark.parametrize("tiling", ({}, {"block_v": 16, "splits": 1}, {"block_v": 16, "splits": 64},
-                                    {"block_v": 64, "splits": 5}), ids=str)
+                                    {"block_v": 64, "splits": 5}, {"block_v": 16, "splits": 5, "unroll": 2},
+                                    {"block_v": 16, "splits": 64, "fused": True},
+                                    {"block_v": 16, "splits": 5, "fused": True, "unroll": 2}), ids=str)
 def test_ties_across_chunks_and_splits(tiling):
     """Equal maxima in one lane of two chunks, in two splits, and at the two ends: lowest index wins."""
     V = 300
@@ -152,8 +162,50 @@ def test_special_values(dtype):
     logits[0, 3, 1] = -0.0
     logits[1, 0, [280, 90]] = float("inf")
     logits[1, 4, 299] = float("nan")
-    for tiling in ({}, {"block_v": 32, "splits": 4}):
+    for tiling in ({}, {"block_v": 32, "splits": 4}, {"fused": True},
+                   {"block_v": 32, "splits": 4, "fused": True, "unroll": 2}):
         run_both(logits, tokens, parent, depth, D, **tiling)
+
+
+def counters(B: int) -> list:
+    """The fused kernel's ticket counters of rows [0, B) on DEVICE (all must be 0 between calls)."""
+    from eagle_mm.kernels import triton_greedy
+    device = torch.device(DEVICE)
+    if device.type == "cuda":  # keyed by the tensors' device, which has an index (found on the H200, 2026-11-29)
+        device = torch.device("cuda", torch.cuda.current_device())
+    return triton_greedy._COUNTERS[device][:B].tolist()
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("with_path", (True, False), ids=("path", "no_path"))
+@pytest.mark.parametrize("unroll", (1, 2))
+def test_fused_consecutive_calls(dtype, with_path, unroll):
+    """Back-to-back fused calls share the counter buffer: the second is right only if the first's
+    walkers reset it. B=3, N+1=7, V=300 with block_v=32 (not a multiple) in 4 splits; NaNs and ties.
+    Different inputs per call, so stale outputs of the first call cannot pass for the second's."""
+    tiling = {"block_v": 32, "splits": 4, "fused": True, "unroll": unroll, "with_path": with_path}
+    for call in range(2):
+        logits, tokens, parent, depth, D = make_case(3, 7, 300, dtype, seed=100 + call)
+        logits[1, 2, [250, 40]] = float("nan")  # first NaN (40) wins, in split 0 of 4
+        logits[2, 0, [95, 96, 299]] = logits[2, 0].float().max().to(dtype) + 1  # a tie across splits 0/1
+        run_both(logits, tokens, parent, depth, D, **tiling)
+        assert counters(3) == [0, 0, 0], f"call {call} left its ticket counters set"
+
+
+@needs_triton
+def test_fused_counter_growth(monkeypatch):
+    """More rows than the cached counter buffer holds: it grows (the old one kept alive, as a captured
+    graph may use it), then a smaller batch still works on the new one."""
+    from eagle_mm.kernels import triton_greedy
+    small = torch.zeros(4, dtype=torch.int32, device=DEVICE)
+    monkeypatch.setattr(triton_greedy, "_COUNTERS", {torch.device(DEVICE): small})
+    monkeypatch.setattr(triton_greedy, "_RETIRED", [])
+    for B, n, V in ((5, 2, 37), (2, 3, 40)):
+        run_both(*make_case(B, n, V, torch.float32, seed=B), fused=True, block_v=16, splits=2)
+        assert counters(B) == [0] * B
+    assert len(triton_greedy._RETIRED) == 1 and triton_greedy._RETIRED[0] is small
+    assert triton_greedy._COUNTERS[torch.device(DEVICE)].numel() >= 5
 
 
 @needs_triton
@@ -211,6 +263,7 @@ def test_sweep(seed):
     n = (64, 129, 256)[seed % 3]
     V = (32000, 7919)[seed % 2]
     tiling = {"block_v": 1024, "splits": 2} if seed == 1 else {}
+    tiling["fused"] = seed >= 3  # every tree size, both batch sizes, on each path
     run_both(*make_case(B, n, V, DTYPES[seed % 3], seed=seed), **tiling)
 
 

@@ -46,10 +46,11 @@ def test_toy_build_writes_every_part_and_measures_it(built):
     assert "all" in accuracy and set(accuracy) - {"all"} <= set(sd.TASKS)
     assert manifest["target"]["training"]["steps"] == toy_config().training.max_steps
     assert manifest["total_bytes"] == sum(manifest["files"].values())
-    for name, image_embeds in HEADS.items():
-        assert manifest[name]["image_embeds"] is image_embeds and manifest[name]["steps"] > 0
+    for name, flags in HEADS.items():
         saved = json.loads((out / name / "config.json").read_text())
-        assert saved.get("image_embeds", True) is image_embeds
+        for flag in ("image_embeds", "image_features"):
+            assert manifest[name][flag] is flags.get(flag, True) and manifest[name]["steps"] > 0
+            assert saved.get(flag, True) is flags.get(flag, True)
 
 
 def test_zoo_load_finds_a_build_by_name(built, monkeypatch):
@@ -59,6 +60,7 @@ def test_zoo_load_finds_a_build_by_name(built, monkeypatch):
     assert isinstance(zm, zoo.ScenesModel) and zm.name == "scenes-tiny"
     assert type(zm.target).__name__ == "LlavaForConditionalGeneration"
     assert zm.head.config.image_embeds and not zm.ablation_head.config.image_embeds
+    assert zm.ablation_head.config.image_features and not zm.blind_head.config.image_features
     assert zm.image_size == toy_config().shape.image_size
 
 
@@ -70,6 +72,11 @@ def test_image_embeds_round_trips_and_official_layouts_stay_as_they_were():
     assert "image_embeds" not in cfg.replace(image_embeds=True).to_dict()
     with pytest.raises(ValueError, match="image_embeds must be a bool, got 'no'"):
         cfg.replace(image_embeds="no")
+    blind = cfg.replace(image_features=False)
+    assert blind.to_dict()["image_features"] is False and "image_features" not in cfg.to_dict()
+    assert Eagle3Config.from_dict(blind.to_dict()).image_features is False
+    with pytest.raises(ValueError, match="image_features must be a bool, got 0"):
+        cfg.replace(image_features=0)
 
 
 def test_the_ablation_hides_the_image_from_the_draft(loaded, monkeypatch):
@@ -101,6 +108,43 @@ def test_the_ablation_hides_the_image_from_the_draft(loaded, monkeypatch):
             assert seen[0] is None
 
 
+def test_the_blind_ablation_zeroes_the_image_positions_features(loaded, monkeypatch):
+    """eagle3-blind reads zeros where the prompt holds image tokens, and the target's features elsewhere."""
+    import eagle_mm.generate as gen
+
+    seen = []
+    real = gen.extend_head
+
+    def spy(head, cache, hidden, tokens, pos, embeds=None, **kw):
+        seen.append(hidden)
+        return real(head, cache, hidden, tokens, pos, embeds=embeds, **kw)
+
+    monkeypatch.setattr(gen, "extend_head", spy)
+    zm = loaded
+    inputs = _inputs(zm, 0)
+    image = inputs["input_ids"][0] == zm.target.config.image_token_id  # feature t sits at position t
+    got = {}
+    for name, head in (("noimage", zm.ablation_head), ("blind", zm.blind_head)):
+        seen.clear()
+        em.speculative_generate(zm.target, head, **inputs, max_new_tokens=3)
+        got[name] = seen[0][0]  # (T, F): the prefill's features
+    assert image.any() and got["noimage"][image].abs().sum() > 0
+    assert (got["blind"][image] == 0).all()
+    torch.testing.assert_close(got["blind"][~image], got["noimage"][~image])
+
+
+def test_hide_image_features_names_bad_input():
+    from eagle_mm.multimodal import hide_image_features
+
+    feats = torch.ones(1, 4, 6)
+    ids = torch.tensor([[1, 9, 9, 2]])
+    assert hide_image_features(feats, ids, 9)[0, :, 0].tolist() == [1, 0, 0, 1]
+    with pytest.raises(ValueError, match="needs a vision-language target with an image token id"):
+        hide_image_features(feats, ids, None)
+    with pytest.raises(ValueError, match=r"features \(1, 3, 6\) do not align with input_ids \(1, 4\)"):
+        hide_image_features(feats[:, :3], ids, 9)
+
+
 def test_the_trainer_hides_the_image_when_asked(built, loaded):
     from eagle_mm.train import TrainConfig
     from eagle_mm.train.data import encode_rows
@@ -119,16 +163,21 @@ def test_the_trainer_hides_the_image_when_asked(built, loaded):
     hidden = _batch(examples, zm.target, (1, 2, 3), base.replace(image_embeds=False), torch.device("cpu"))
     assert "embeds" in with_image and "embeds" not in hidden
     torch.testing.assert_close(with_image["features"], hidden["features"])
+    blind = _batch(examples, zm.target, (1, 2, 3), base.replace(image_embeds=False, image_features=False),
+                   torch.device("cpu"))
+    image = blind["input_ids"] == zm.target.config.image_token_id
+    assert image.any() and (blind["features"][image] == 0).all() and with_image["features"][image].abs().sum() > 0
+    torch.testing.assert_close(blind["features"][~image], hidden["features"][~image])
 
 
 @pytest.mark.parametrize("tree", [None, em.TreeConfig.chain(3)], ids=["tree", "chain"])
-def test_speculative_greedy_equals_generate_with_both_heads(loaded, tree):
+def test_speculative_greedy_equals_generate_with_every_head(loaded, tree):
     zm = loaded
     for seed, question in ((0, "Describe the image."), (7, "How many shapes are there?")):
         inputs = _inputs(zm, seed, question)
         with torch.no_grad():
             ref = zm.target.generate(**inputs, max_new_tokens=12, do_sample=False)
-            for head in (zm.head, zm.ablation_head):
+            for head in (zm.head, zm.ablation_head, zm.blind_head):
                 out = em.speculative_generate(zm.target, head, **inputs, tree=tree, max_new_tokens=12,
                                               return_dict_in_generate=True)
                 assert torch.equal(out.sequences, ref)
@@ -172,7 +221,7 @@ def test_the_shipped_scenes_tiny_decodes_losslessly(monkeypatch):
         inputs = _inputs(zm, seed, question)
         with torch.no_grad():
             ref = zm.target.generate(**inputs, max_new_tokens=48, do_sample=False)
-            for head in (zm.head, zm.ablation_head):
+            for head in (zm.head, zm.ablation_head, zm.blind_head):
                 out = em.speculative_generate(zm.target, head, **inputs, max_new_tokens=48,
                                               tree=zm.demo_tree(), return_dict_in_generate=True)
                 assert torch.equal(out.sequences, ref)

@@ -272,8 +272,32 @@ def test_bench_runs_every_method(built, tmp_path):
         assert rows[(mode, "generate")]["speedup"] == 1.0
     for method in bench.METHODS[1:]:
         assert rows[("greedy", method)]["matches_generate"] is True, method
-    for method in ("eagle_chain", "eagle3_tree"):
+    for method in ("eagle_chain", "eagle3_tree", "eagle3_auto"):
         assert rows[("greedy", method)]["eagle_stats_mean_accept_length"] >= 1.0
+    auto = result["meta"]["auto"]  # calibrated on prompts the benchmark does not measure
+    assert auto["calib_prompts"] == 4
+    assert [auto["tree"][k] for k in ("depth", "top_k", "total_tokens")] == \
+        [auto["chosen"][k] for k in ("depth", "top_k", "total_tokens")]
+
+
+def test_bench_records_a_failing_method_and_goes_on(built, tmp_path, monkeypatch):
+    bench = _bench_module()
+    real = bench.run_method
+
+    def run_method(zoo_model, method, *a, **k):
+        if method == "eagle_tree":
+            raise RuntimeError("boom")
+        return real(zoo_model, method, *a, **k)
+
+    monkeypatch.setattr(bench, "run_method", run_method)
+    out = tmp_path / "bench.json"
+    result = bench.main(["--zoo-dir", str(built[0] / "code-tiny"), "--prompts", "1", "--max-new-tokens", "4",
+                         "--modes", "greedy", "--methods", "generate", "eagle_tree", "eagle3_chain",
+                         "--chain-depth", "2", "--out", str(out)])
+    saved = json.loads(out.read_text(encoding="utf-8"))
+    assert [r["method"] for r in saved["rows"]] == ["generate", "eagle_tree", "eagle3_chain"]
+    assert saved["rows"][1] == {"mode": "greedy", "method": "eagle_tree", "error": "RuntimeError: boom"}
+    assert result["rows"][2]["matches_generate"] is True
 
 
 def test_demo_uses_the_zoo_model(built, monkeypatch, capsys):

@@ -68,6 +68,10 @@ class DraftHead(nn.Module):
         than its own token embeddings: with a vision-language target, unless ``config.image_embeds`` is False."""
         return parts.is_vlm and getattr(self.config, "image_embeds", True)
 
+    def hides_image_features(self, parts: TargetParts) -> bool:
+        """Whether the head's features at image positions are zeroed (``config.image_features`` False, a VLM)."""
+        return parts.is_vlm and not getattr(self.config, "image_features", True)
+
     def feature_layers(self, num_layers: int) -> tuple[int, ...]:
         """HF ``hidden_states`` indices this head reads from a target with ``num_layers`` layers."""
         raise NotImplementedError

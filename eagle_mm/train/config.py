@@ -51,6 +51,10 @@ class TrainConfig:
     image_embeds: bool = _help("with a vision-language target, the head reads the merged image embeddings at image "
                                "positions; --no-image-embeds hides them (the placeholder token's embedding "
                                "instead: an ablation), saved in the head's config", default=True)
+    image_features: bool = _help("with a vision-language target, the head reads the target's features at image "
+                                 "positions; --no-image-features zeroes them (with --no-image-embeds: the draft sees "
+                                 "nothing of the image's positions, the stricter ablation), saved in the head's "
+                                 "config", default=True)
     init_head: str | None = _help("start from this saved head instead of a fresh one", default=None)
     # ---- losses ----
     ttt_steps: int = _help("EAGLE-3 training-time-test unroll length", default=7)

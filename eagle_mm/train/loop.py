@@ -21,6 +21,7 @@ from torch import nn
 from ..arch import resolve_target
 from ..heads import Eagle3Head, EagleHead
 from ..heads.io import load_head
+from ..multimodal import hide_image_features
 from .checkpoint import check_resumable, resolve_resume, save_checkpoint
 from .config import TrainConfig
 from .data import (BatchPlan, build_draft_vocab, collate, encode_rows, has_images, read_rows, regenerate_rows,
@@ -217,6 +218,9 @@ def _batch(examples, target, layers, config: TrainConfig, device) -> dict:
         batch["features"], batch["last_hidden"] = got[0], got[1]
         if model_inputs and config.image_embeds:  # else the head embeds the placeholder tokens itself
             batch["embeds"] = got[2]
+    if not config.image_features:
+        batch["features"] = hide_image_features(batch["features"], batch["input_ids"],
+                                                resolve_target(target).image_token_id)
     return batch
 
 
@@ -294,16 +298,18 @@ def _build_head(config: TrainConfig, target, examples):
         kind = "eagle3" if isinstance(head, Eagle3Head) else "eagle"
         if kind != config.kind:
             raise ValueError(f"init_head {config.init_head} is an {kind} head, but kind={config.kind!r}")
-        if head.config.image_embeds != config.image_embeds:
-            raise ValueError(f"init_head {config.init_head} has image_embeds={head.config.image_embeds}, but "
-                             f"image_embeds={config.image_embeds}")
+        for name in ("image_embeds", "image_features"):
+            if getattr(head.config, name) != getattr(config, name):
+                raise ValueError(f"init_head {config.init_head} has {name}={getattr(head.config, name)}, but "
+                                 f"{name}={getattr(config, name)}")
         return head.train()
     if config.kind == "eagle":
-        return EagleHead.from_target(target, image_embeds=config.image_embeds).float().train()
+        return EagleHead.from_target(target, image_embeds=config.image_embeds,
+                                     image_features=config.image_features).float().train()
     vocab = resolve_target(target).vocab_size
     draft = config.draft_vocab_size or min(32000, vocab)
     head = Eagle3Head.from_target(target, aux_layers=config.aux_layers, draft_vocab_size=draft,
-                                  image_embeds=config.image_embeds).float()
+                                  image_embeds=config.image_embeds, image_features=config.image_features).float()
     head.set_draft_vocab(build_draft_vocab(examples, vocab, draft))
     return head.train()
 

@@ -3,7 +3,7 @@
 A code-tiny directory (what ``python -m eagle_mm.zoo.code_tiny build --out DIR`` writes) holds ``manifest.json``,
 ``prompts.json``, ``target/`` (the model and its tokenizer), ``assistant/``, ``eagle/`` and ``eagle3/``; a scenes-tiny
 one (``python -m eagle_mm.zoo.scenes_tiny build``) ``manifest.json``, ``target/`` (the VLM and its processor),
-``eagle3/`` (the image-aware head) and ``eagle3-noimage/`` (the ablation).
+``eagle3/`` (the image-aware head), ``eagle3-noimage/`` (the ablation) and ``eagle3-blind/`` (the stricter one).
 ``EAGLE_MM_ZOO_DIR``, when set, is the one place searched (``$EAGLE_MM_ZOO_DIR/<name>/``); otherwise the package's
 own ``eagle_mm/zoo/models/<name>/``.
 """
@@ -25,7 +25,7 @@ PACKAGE_MODELS = Path(__file__).resolve().parent / "models"
 MODELS = {"code-tiny": "eagle_mm.zoo.code_tiny", "scenes-tiny": "eagle_mm.zoo.scenes_tiny"}
 # what a model directory must hold
 _PARTS = {"code-tiny": ("manifest.json", "target", "assistant", "eagle", "eagle3"),
-          "scenes-tiny": ("manifest.json", "target", "eagle3", "eagle3-noimage")}
+          "scenes-tiny": ("manifest.json", "target", "eagle3", "eagle3-noimage", "eagle3-blind")}
 # The draft tree a demo uses per device type unless told otherwise. On a CPU a verify forward costs about as
 # much per token as the tokens it checks beyond a handful, so a small tree wins; on a GPU it is nearly flat,
 # so TreeConfig's default. (Measured choices: bench/bench_code_tiny.py --depth/--top-k/--total-tokens.)
@@ -151,7 +151,7 @@ def load(name: str = "code-tiny", device=None, dtype=None):
 
 @dataclass
 class ScenesModel:
-    """scenes-tiny: a LLaVA-style VLM, its processor, the image-aware EAGLE-3 head and the ablation head."""
+    """scenes-tiny: a LLaVA-style VLM, its processor, the image-aware EAGLE-3 head and the two ablation heads."""
 
     name: str
     path: Path
@@ -160,6 +160,7 @@ class ScenesModel:
     tokenizer: object
     head: torch.nn.Module  # draft sees the merged image features at image positions
     ablation_head: torch.nn.Module  # draft sees the <image> token's embedding there
+    blind_head: torch.nn.Module  # ... and zeros for the target's features there: nothing of the image's positions
     manifest: dict = field(default_factory=dict)
 
     @property
@@ -206,4 +207,5 @@ def load_scenes_dir(path, *, device=None, dtype=None, name: str | None = None) -
     return ScenesModel(
         name=name or manifest.get("name", path.name), path=path, target=target, processor=processor,
         tokenizer=processor.tokenizer, head=load_head(path / "eagle3", target=target, dtype=dtype),
-        ablation_head=load_head(path / "eagle3-noimage", target=target, dtype=dtype), manifest=manifest)
+        ablation_head=load_head(path / "eagle3-noimage", target=target, dtype=dtype),
+        blind_head=load_head(path / "eagle3-blind", target=target, dtype=dtype), manifest=manifest)

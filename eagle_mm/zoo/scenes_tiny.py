@@ -1,13 +1,14 @@
-"""Build ``scenes-tiny``: a small LLaVA-style VLM trained from scratch on procedural scenes, with two EAGLE-3 heads.
+"""Build ``scenes-tiny``: a small LLaVA-style VLM trained from scratch on procedural scenes, with three EAGLE-3 heads.
 
     python -m eagle_mm.zoo.scenes_tiny build --out DIR --seed 0 [--device cuda] [--toy] [--stage all|base|heads]
 
 Stages: ``base`` = scene texts -> byte-level BPE tokenizer (+ ``<image>``) -> processor -> LLaVA (CLIP vision tower,
 Llama language model) trained on training-split scenes -> greedy accuracy per task on validation scenes, saved to
 ``DIR/target``; ``heads`` = the VLM's own answers to training-split questions (pictures written to ``DIR/.work``)
--> the image-aware EAGLE-3 head (``DIR/eagle3``: at image positions it reads the merged image embeddings) and the
-ablation (``DIR/eagle3-noimage``: ``image_embeds=False``, the placeholder token's embedding there), both with
-``eagle_mm.train``. Each stage saves as it ends and merges what it measured into ``DIR/manifest.json``.
+-> the image-aware EAGLE-3 head (``DIR/eagle3``: at image positions it reads the merged image embeddings), the
+ablation (``DIR/eagle3-noimage``: ``image_embeds=False``, the placeholder token's embedding there) and the stricter
+ablation (``DIR/eagle3-blind``: also ``image_features=False``, zeros for the target's features there: the draft sees
+nothing of the image's positions), all with ``eagle_mm.train``. Each stage saves as it ends and merges what it measured into ``DIR/manifest.json``.
 """
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ logger = logging.getLogger(__name__)
 
 NAME = "scenes-tiny"
 MANIFEST = "manifest.json"
-HEADS = {"eagle3": True, "eagle3-noimage": False}  # directory -> image_embeds
+# directory -> the head's image flags (DraftHeadConfig.image_embeds / image_features; absent: True)
+HEADS = {"eagle3": {}, "eagle3-noimage": {"image_embeds": False},
+         "eagle3-blind": {"image_embeds": False, "image_features": False}}
 PARTS = ("target", *HEADS)
 MB = 10**6
 
@@ -77,7 +80,7 @@ class ScenesTinyConfig:
 
 
 def real_config() -> ScenesTinyConfig:
-    """The shipped model's configuration: ~6.5M-parameter VLM, build ~4.5 minutes on one H200."""
+    """The shipped model's configuration: ~6.5M-parameter VLM, build ~8 minutes on one H200."""
     return ScenesTinyConfig()
 
 
@@ -185,20 +188,21 @@ def _head_rows(config: ScenesTinyConfig, out: Path, work: Path, device: torch.de
     return str(data), str(eval_data), {"rows": len(rows), "seconds": round(time.perf_counter() - tick, 1)}
 
 
-def _train_head(name: str, image_embeds: bool, config: ScenesTinyConfig, out: Path, work: Path, data: str,
+def _train_head(name: str, flags: dict, config: ScenesTinyConfig, out: Path, work: Path, data: str,
                 eval_data: str, seed: int, device: torch.device) -> dict:
     from .tokenizer import load_tokenizer
 
     h = config.heads
     vocab = len(load_tokenizer(out / "target"))
-    entry = train_head(h, "eagle3", name, out, work, data, eval_data, seed, device, image_embeds=image_embeds,
+    flags = {"image_embeds": True, "image_features": True, **flags}
+    entry = train_head(h, "eagle3", name, out, work, data, eval_data, seed, device, **flags,
                        draft_vocab_size=min(h.eagle3_draft_vocab, vocab), aux_layers=config.aux_layers)
-    return {"image_embeds": image_embeds, **entry}
+    return {**flags, **entry}
 
 
 def build_heads(config: ScenesTinyConfig, out: Path, device: torch.device, seed: int,
                 manifest: dict | None = None, manifest_path: Path | None = None) -> dict:
-    """The heads' data, then the image-aware head and the ablation; each saved (and recorded) as it ends."""
+    """The heads' data, then the image-aware head and the two ablations; each saved (and recorded) as it ends."""
     if not (out / "target" / "config.json").is_file():
         raise FileNotFoundError(f"{out / 'target'} holds no VLM; run the base stage first: python -m "
                                 f"eagle_mm.zoo.scenes_tiny build --out {out} --stage base")
@@ -207,8 +211,8 @@ def build_heads(config: ScenesTinyConfig, out: Path, device: torch.device, seed:
     work.mkdir(parents=True)
     data, eval_data, info = _head_rows(config, out, work, device)
     entries = {"head_data": info}
-    for name, image_embeds in HEADS.items():
-        entries[name] = _train_head(name, image_embeds, config, out, work, data, eval_data, seed, device)
+    for name, flags in HEADS.items():
+        entries[name] = _train_head(name, flags, config, out, work, data, eval_data, seed, device)
         if manifest is not None and manifest_path is not None:
             _write_manifest(out, manifest | entries, manifest_path)
     return entries
@@ -246,11 +250,13 @@ def build(out, *, seed: int = 0, device: str | None = None, toy: bool = False, s
         manifest.update(build_base(config, out, dev))
         manifest["gpu"] = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None  # CUDA is up now
         manifest.setdefault("stage_seconds", {})["base"] = round(time.perf_counter() - tick, 1)
+        manifest.setdefault("stage_devices", {})["base"] = str(dev)
         _write_manifest(out, manifest, path)  # the VLM is kept even if the heads never finish
     if stage in ("all", "heads"):
         tick = time.perf_counter()
         manifest.update(build_heads(config, out, dev, seed, manifest, path))
         manifest.setdefault("stage_seconds", {})["heads"] = round(time.perf_counter() - tick, 1)
+        manifest.setdefault("stage_devices", {})["heads"] = str(dev)  # a heads-only rebuild may run elsewhere
         shutil.rmtree(out / ".work", ignore_errors=True)
     _write_manifest(out, manifest, path)
     manifest = json.loads(path.read_text(encoding="utf-8"))

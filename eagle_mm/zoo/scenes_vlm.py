@@ -75,14 +75,14 @@ class VLMTraining:
     scenes: int = 48_000  # distinct training scenes rendered once (each step draws a new question about one)
     batch_size: int = 256
     max_steps: int = 6000
-    max_seconds: float | None = 115.0
+    max_seconds: float | None = 320.0
     lr: float = 2e-3
     warmup: float = 0.03  # fraction of the schedule
     min_lr_ratio: float = 0.05
     weight_decay: float = 0.05
     # Rows that are captions (the longest answers, nearly free: a batch is padded to its longest row anyway); the
     # others draw a task uniformly, then a question, as scenes_data.examples does.
-    caption_share: float = 0.5
+    caption_share: float = 0.2
     log_every: int = 100
     seed: int = 0
     workers: int = 0  # rendering processes (0: one per CPU core, at most 16)

@@ -5,7 +5,7 @@
 #   a) the EAGLE-3 trainer under accelerate launch on 2 GPUs, then on 1 GPU (one bf16 8B target per process,
 #      the reference corpus, 30 steps of 2048 tokens per process): tokens/s, scaling, loss, head loads
 #                                                                          -> OUT/a_train.json (+ a_gpu{1,2}.json)
-# Usage: bash scripts/gpu/multi.sh OUTDIR [--tiny]   (any working directory). Logs: OUTDIR/log.txt (timestamped
+# Usage: bash scripts/gpu/multi.sh OUTDIR [--tiny]   (any working directory; SKIP_A=1 / SKIP_B=1 skip a part). Logs: OUTDIR/log.txt (timestamped
 # start/end/rc of every part), OUTDIR/<part>.log (each part's output). Each part runs under its own timeout.
 # --tiny: the same steps with tiny models on CPU (CPU + disk-offloaded layers for b; gloo for the 2 processes).
 set -u -o pipefail
@@ -81,18 +81,21 @@ rm -rf "$SCRATCH/prep"
 mkdir -p "$SCRATCH"
 
 # The training data (CPU only) is prepared while part b runs on the GPUs.
-run a_data 60 "$PY" bench/bench_multi_gpu.py data "$SCRATCH/prep" --shape "$SHAPE" --max-processes 2 &
-data_pid=$!
+data_pid=
+[ -n "${SKIP_A:-}" ] || run a_data 60 "$PY" bench/bench_multi_gpu.py data "$SCRATCH/prep" --shape "$SHAPE" --max-processes 2 &
+[ -n "${SKIP_A:-}" ] || data_pid=$!
 
 # b needs more than 75 s (it timed out building the float32 copy on 2026-11-29); SKIP_B=1 skips it.
 [ -n "${SKIP_B:-}" ] || run b_split_2gpu 150 env CUDA_VISIBLE_DEVICES="$GPU2" "$PY" bench/bench_split.py "${SPLIT[@]}" --via dispatch \
   --dtypes float32 bfloat16 --work "$SCRATCH/b" --out "$OUT/b_split_2gpu.json"
 rm -rf "$SCRATCH/b"
 
-wait "$data_pid"
-data_rc=$?
+data_rc=0
+[ -n "$data_pid" ] && { wait "$data_pid"; data_rc=$?; }
 [ -f "$SCRATCH/prep/prep.json" ] && cp "$SCRATCH/prep/prep.json" "$OUT/a_prep.json"
-if ((data_rc == 0)); then
+if [ -n "${SKIP_A:-}" ]; then
+  say "a: skipped (SKIP_A)"
+elif ((data_rc == 0)); then
   launch a_gpu2 70 2 "$GPU2"
   launch a_gpu1 60 1 "$GPU1"
   run a_report 20 "$PY" bench/bench_multi_gpu.py report "$OUT/a_train.json" "$OUT/a_gpu1.json" "$OUT/a_gpu2.json"

@@ -30,9 +30,10 @@ log "start: CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}, python $PY"
   "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" 2>&1
 } > "$OUT/env.txt" || true
 
-# The CUDA compiled-vs-eager test, in the background.
+# The CUDA compiled-vs-eager test, in the background (TRITON_INTERPRET=0: tests/conftest.py would otherwise pick the
+# Triton interpreter, which cannot run CUDA tensors).
 log "test_static cuda: start (limit 200 s)"
-( TORCHINDUCTOR_COMPILE_THREADS=4 timeout -k 5 200 nice -n 10 "$PY" -m pytest -q -p no:cacheprovider -rs \
+( TRITON_INTERPRET=0 TORCHINDUCTOR_COMPILE_THREADS=4 timeout -k 5 200 nice -n 10 "$PY" -m pytest -q -p no:cacheprovider -rs \
     tests/test_static.py -k cuda > "$OUT/test_static_cuda.log" 2>&1
   echo "exit $?" >> "$OUT/test_static_cuda.log" ) &
 TEST_PID=$!
