@@ -7,13 +7,13 @@ generation with the 2-layer assistant (``assistant_model``); EAGLE and EAGLE-3 t
 (``cache_implementation="static"``, ``*_compiled``; CUDA only, like ``generate_compiled``), and EAGLE-3 with
 ``tree="auto"`` (``eagle3_auto``: ``choose_tree`` calibrates once, untimed, on the last ``--calib-prompts``
 prompts of prompts.json, never the measured ones; the chosen tree and the calibration are in the JSON's meta).
-Each runs greedy and sampled (seeded per prompt). Reported per method: tokens/s, the speed-up over ``generate`` in the same decoding mode, and the mean
-acceptance length counted the same way for every method: new tokens / target forwards, every call of the
-target's forward counted by a pre-hook (1.0 for plain generate). HF's assisted and prompt-lookup loops verify
-candidates from their first forward on, so for them this is exactly the tokens gained per verification; EAGLE
-spends one forward on the prefill (which yields one token), so EAGLE rows also give
-``SpeculativeStats.mean_accept_length``, the tokens per verify forward, prefill excluded. Greedy rows say
-whether the output equals ``generate``'s token for token.
+Each runs greedy and sampled (seeded per prompt). Reported per method: tokens/s, the speed-up over ``generate``
+in the same decoding mode, and the mean acceptance length counted the same way for every method: new tokens /
+target forwards, every call of the target's forward counted by a pre-hook (1.0 for plain generate). HF's
+assisted and prompt-lookup loops verify candidates from their first forward on, so for them this is exactly the
+tokens gained per verification; EAGLE spends one forward on the prefill (which yields one token), so EAGLE rows
+also give ``SpeculativeStats.mean_accept_length``, the tokens per verify forward, prefill excluded. Greedy rows
+say whether the output equals ``generate``'s token for token.
 
 Run from the repository root with the package importable (pip install -e . or PYTHONPATH=.):
 
@@ -252,8 +252,9 @@ def main(argv=None) -> dict:
     trees = _trees(args)
     methods = ["generate"] + [m for m in args.methods if m != "generate"]  # generate first: the reference
     if device.type != "cuda" and any(m in COMPILED and not _compiles(m, device, args) for m in methods):
-        print(f"{[m for m in methods if m in COMPILED and not _compiles(m, device, args)]} run uncompiled (static cache only): torch.compile with CUDA "
-              f"graphs needs a CUDA device, this run is on {device.type}", file=sys.stderr)
+        uncompiled = [m for m in methods if m in COMPILED and not _compiles(m, device, args)]
+        print(f"{uncompiled} run uncompiled (static cache only): torch.compile with CUDA graphs needs a CUDA "
+              f"device, this run is on {device.type}", file=sys.stderr)
     manifest = zoo_model.manifest
     result = {
         "meta": {

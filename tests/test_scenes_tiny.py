@@ -38,6 +38,8 @@ def test_toy_build_writes_every_part_and_measures_it(built):
     root, manifest = built
     out = root / "scenes-tiny"
     assert manifest["complete"] and manifest["name"] == "scenes-tiny" and manifest["toy"]
+    assert manifest["stage_devices"] == {"base": "cpu", "heads": "cpu"}  # where and with what each stage ran
+    assert set(manifest["stage_versions"]) == {"base", "heads"} and "torch" in manifest["stage_versions"]["base"]
     for part in ("target", *HEADS):
         assert (out / part / "config.json").is_file(), part
     assert (out / "target" / "processor_config.json").is_file() and (out / "target" / "tokenizer.json").is_file()

@@ -8,7 +8,8 @@ Llama language model) trained on training-split scenes -> greedy accuracy per ta
 -> the image-aware EAGLE-3 head (``DIR/eagle3``: at image positions it reads the merged image embeddings), the
 ablation (``DIR/eagle3-noimage``: ``image_embeds=False``, the placeholder token's embedding there) and the stricter
 ablation (``DIR/eagle3-blind``: also ``image_features=False``, zeros for the target's features there: the draft sees
-nothing of the image's positions), all with ``eagle_mm.train``. Each stage saves as it ends and merges what it measured into ``DIR/manifest.json``.
+nothing of the image's positions), all with ``eagle_mm.train``. Each stage saves as it ends and merges what it
+measured into ``DIR/manifest.json``.
 """
 from __future__ import annotations
 
@@ -251,12 +252,14 @@ def build(out, *, seed: int = 0, device: str | None = None, toy: bool = False, s
         manifest["gpu"] = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None  # CUDA is up now
         manifest.setdefault("stage_seconds", {})["base"] = round(time.perf_counter() - tick, 1)
         manifest.setdefault("stage_devices", {})["base"] = str(dev)
+        manifest.setdefault("stage_versions", {})["base"] = manifest["versions"]
         _write_manifest(out, manifest, path)  # the VLM is kept even if the heads never finish
     if stage in ("all", "heads"):
         tick = time.perf_counter()
         manifest.update(build_heads(config, out, dev, seed, manifest, path))
         manifest.setdefault("stage_seconds", {})["heads"] = round(time.perf_counter() - tick, 1)
         manifest.setdefault("stage_devices", {})["heads"] = str(dev)  # a heads-only rebuild may run elsewhere
+        manifest.setdefault("stage_versions", {})["heads"] = manifest["versions"]
         shutil.rmtree(out / ".work", ignore_errors=True)
     _write_manifest(out, manifest, path)
     manifest = json.loads(path.read_text(encoding="utf-8"))
