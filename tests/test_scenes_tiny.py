@@ -81,19 +81,24 @@ def test_image_embeds_round_trips_and_official_layouts_stay_as_they_were():
         cfg.replace(image_features=0)
 
 
-def test_the_ablation_hides_the_image_from_the_draft(loaded, monkeypatch):
-    """At the prefill the image-aware head gets the merged embeddings (image features at image positions); the
-    ablation gets none, so it embeds the placeholder tokens itself."""
+def _spy_extend_head(monkeypatch, arg: str) -> list:
+    """Record the ``arg`` ("hidden" or "embeds") of every call of the decode loop's extend_head, in order."""
     import eagle_mm.generate as gen
 
-    seen = []
-    real = gen.extend_head
+    seen, real = [], gen.extend_head
 
     def spy(head, cache, hidden, tokens, pos, embeds=None, **kw):
-        seen.append(embeds)
+        seen.append({"hidden": hidden, "embeds": embeds}[arg])
         return real(head, cache, hidden, tokens, pos, embeds=embeds, **kw)
 
     monkeypatch.setattr(gen, "extend_head", spy)
+    return seen
+
+
+def test_the_ablation_hides_the_image_from_the_draft(loaded, monkeypatch):
+    """At the prefill the image-aware head gets the merged embeddings (image features at image positions); the
+    ablation gets none, so it embeds the placeholder tokens itself."""
+    seen = _spy_extend_head(monkeypatch, "embeds")
     zm = loaded
     inputs = _inputs(zm, 0)
     image = inputs["input_ids"][0, 1:] == zm.target.config.image_token_id  # head entry t reads token t+1
@@ -112,16 +117,7 @@ def test_the_ablation_hides_the_image_from_the_draft(loaded, monkeypatch):
 
 def test_the_blind_ablation_zeroes_the_image_positions_features(loaded, monkeypatch):
     """eagle3-blind reads zeros where the prompt holds image tokens, and the target's features elsewhere."""
-    import eagle_mm.generate as gen
-
-    seen = []
-    real = gen.extend_head
-
-    def spy(head, cache, hidden, tokens, pos, embeds=None, **kw):
-        seen.append(hidden)
-        return real(head, cache, hidden, tokens, pos, embeds=embeds, **kw)
-
-    monkeypatch.setattr(gen, "extend_head", spy)
+    seen = _spy_extend_head(monkeypatch, "hidden")
     zm = loaded
     inputs = _inputs(zm, 0)
     image = inputs["input_ids"][0] == zm.target.config.image_token_id  # feature t sits at position t

@@ -226,6 +226,13 @@ def _write_manifest(out: Path, manifest: dict, path: Path) -> None:
     path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def _stage_done(manifest: dict, stage: str, tick: float, dev: torch.device) -> None:
+    """Record how long ``stage`` took, and where and with what it ran (a heads-only rebuild may run elsewhere)."""
+    for key, value in (("stage_seconds", round(time.perf_counter() - tick, 1)), ("stage_devices", str(dev)),
+                       ("stage_versions", manifest["versions"])):
+        manifest.setdefault(key, {})[stage] = value
+
+
 def build(out, *, seed: int = 0, device: str | None = None, toy: bool = False, stage: str = "all",
           config: ScenesTinyConfig | None = None) -> dict:
     """Build (a stage of) scenes-tiny into ``out``; returns the manifest, also written to ``out/manifest.json``."""
@@ -250,16 +257,12 @@ def build(out, *, seed: int = 0, device: str | None = None, toy: bool = False, s
     if stage in ("all", "base"):
         manifest.update(build_base(config, out, dev))
         manifest["gpu"] = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None  # CUDA is up now
-        manifest.setdefault("stage_seconds", {})["base"] = round(time.perf_counter() - tick, 1)
-        manifest.setdefault("stage_devices", {})["base"] = str(dev)
-        manifest.setdefault("stage_versions", {})["base"] = manifest["versions"]
+        _stage_done(manifest, "base", tick, dev)
         _write_manifest(out, manifest, path)  # the VLM is kept even if the heads never finish
     if stage in ("all", "heads"):
         tick = time.perf_counter()
         manifest.update(build_heads(config, out, dev, seed, manifest, path))
-        manifest.setdefault("stage_seconds", {})["heads"] = round(time.perf_counter() - tick, 1)
-        manifest.setdefault("stage_devices", {})["heads"] = str(dev)  # a heads-only rebuild may run elsewhere
-        manifest.setdefault("stage_versions", {})["heads"] = manifest["versions"]
+        _stage_done(manifest, "heads", tick, dev)
         shutil.rmtree(out / ".work", ignore_errors=True)
     _write_manifest(out, manifest, path)
     manifest = json.loads(path.read_text(encoding="utf-8"))
