@@ -8,15 +8,23 @@ continuation, made wrong at positions chosen for a mean of ``--accept`` tokens p
   ceiling            plain decoding's bandwidth bound: measured copy bandwidth / the target's weight bytes
   generate_eager     model.generate(do_sample=False), dynamic cache
   ours_compiled      speculative_generate(cache_implementation="static", compile=True), per acceptance level
-  ours_eager         speculative_generate with the default dynamic cache, per acceptance level
   generate_compiled  model.generate(cache_implementation="static"): HF compiles the decode step on CUDA
+  verify_forward     the static path's compiled verify forward alone (``StaticTarget.verify``, inside the feature
+                     capture, as a cycle calls it) at Q = total_tokens + 1 and at Q = 1, timed with CUDA events
+  ours_eager         speculative_generate with the default dynamic cache, per acceptance level (last: the slowest)
 Each of our modes first decodes with every proposal wrong (which also compiles, for ours_compiled); that
 output is the forcing reference of the mode, so bf16 near-ties between kernels cannot derail the forcing.
-Greedy rows report whether the tokens equal generate's (and the first differing position).
-Results are written to --out after every measurement, so a timeout still leaves what was measured.
+Greedy rows report whether the tokens equal generate's (and the first differing position), and the loop's host
+timings per cycle (``SpeculativeStats``): ``draft_ms`` (launching the draft; on the compiled path one graph),
+``verify_sync_ms`` (verify, acceptance, on the static path also the cache/head update, and the wait for the
+GPU at the cycle's one host read), ``other_ms`` (committing tokens, stopping checks, the dynamic path's cache
+and head update; the prefill is included, spread over the cycles). ``cudagraph_skips``: graphs inductor ran
+without CUDA graphs during the row (should be 0). ``--profile`` runs one more decode of each of our modes at
+the first --accept level under torch.profiler and writes its top-40 ops (by self CUDA time, by CPU time) next
+to --out. Results are written to --out after every measurement, so a timeout still leaves what was measured.
 
-    PYTHONPATH=. python bench/bench_8b.py --out 8b.json            # the H200 run
-    PYTHONPATH=. python bench/bench_8b.py --tiny --out tiny.json    # a tiny model on CPU, seconds
+    PYTHONPATH=. python bench/bench_8b.py --out 8b.json --profile   # the H200 run
+    PYTHONPATH=. python bench/bench_8b.py --tiny --out tiny.json    # a tiny model on CPU (inductor), seconds
 """
 from __future__ import annotations
 
@@ -33,7 +41,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from forced import ForcedHead, min_depth  # noqa: E402
 
-MODES = ("ceiling", "generate_eager", "ours_compiled", "ours_eager", "generate_compiled")
+MODES = ("ceiling", "generate_eager", "ours_compiled", "generate_compiled", "verify_forward", "ours_eager")
 _T0 = time.perf_counter()
 
 
@@ -55,6 +63,10 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=32, help="target layers (fewer for smoke runs)")
     p.add_argument("--draft-vocab", type=int, default=32000)
     p.add_argument("--compile-mode", default="reduce-overhead", help="torch.compile mode of ours_compiled on CUDA")
+    p.add_argument("--cpu-compile-mode", default="default",
+                   help="torch.compile mode of ours_compiled on CPU (--tiny); 'none': the static path uncompiled")
+    p.add_argument("--profile", action="store_true",
+                   help="profile one decode per mode of ours at the first --accept level (a text file beside --out)")
     p.add_argument("--out", default=None, help="JSON results, rewritten after every measurement")
     return p.parse_args(argv)
 
@@ -137,12 +149,52 @@ def first_diff(a: torch.Tensor, b: torch.Tensor, start: int):
     return None if a.shape[1] == b.shape[1] else n - start
 
 
+def compile_mode(args, device):
+    """ours_compiled's torch.compile mode here, or False (the static path uncompiled)."""
+    if device.type == "cuda":
+        return args.compile_mode
+    return False if args.cpu_compile_mode == "none" else args.cpu_compile_mode
+
+
+def cudagraph_skips() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["cudagraph_skips"]
+
+
+def per_cycle(stats) -> dict:
+    """The loop's host time per cycle, by phase, in ms (the prefill, before the first cycle, apart)."""
+    n = max(stats.num_target_forwards, 1)
+    loop = stats.time_draft + stats.time_verify + stats.time_other
+    return {"draft_ms": 1e3 * stats.time_draft / n, "verify_sync_ms": 1e3 * stats.time_verify / n,
+            "other_ms": 1e3 * stats.time_other / n, "cycle_ms": 1e3 * loop / n, "prefill_ms": 1e3 * stats.time_prefill}
+
+
+def profile_decode(decode, device, path: str) -> None:
+    """One decode under torch.profiler; the top-40 ops by self CUDA time and by CPU time, written to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        decode()
+        if cuda:
+            torch.cuda.synchronize()
+    table = prof.key_averages()
+    sections = [("CPU time", "cpu_time_total")]
+    if cuda:
+        sections.insert(0, ("self CUDA time", "self_device_time_total"))
+    with open(path, "w", encoding="utf-8") as f:
+        for title, key in sections:
+            f.write(f"== top 40 by {title} ==\n{table.table(sort_by=key, row_limit=40)}\n\n")
+    log(f"profile written to {path}")
+
+
 def run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results):
     import eagle_mm
 
     static = mode == "ours_compiled"
-    options = dict(cache_implementation="static", compile=args.compile_mode if device.type == "cuda" else False)
-    options = options if static else {}
+    options = dict(cache_implementation="static", compile=compile_mode(args, device)) if static else {}
 
     def decode():
         return eagle_mm.speculative_generate(target, forced, ids, max_new_tokens=args.new_tokens, do_sample=False,
@@ -159,14 +211,70 @@ def run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results):
         decode()  # a second warm-up: the CUDA-graph trees record on their second call
     for tau in args.accept:
         forced.set_accept(tau)
+        skips = cudagraph_skips()
         out, sec = timed(decode, device)
         n = out.sequences.shape[1] - ids.shape[1]
-        results.add({"mode": mode, "accept": tau, "tokens_per_s": n / sec, "seconds": sec, "new_tokens": n,
+        # Decode rate: the tokens after the first over the time after it (the prefill's share apart), the rate
+        # the plain-decode ceiling bounds.
+        rate = (n - 1) / (sec - out.stats.time_prefill) if n > 1 else None
+        results.add({"mode": mode, "accept": tau, "tokens_per_s": n / sec, "decode_tokens_per_s": rate,
+                     "seconds": sec, "new_tokens": n,
                      "mean_accept_length": out.stats.mean_accept_length,
                      "target_forwards": out.stats.num_target_forwards,
                      "matches_generate": torch.equal(out.sequences.cpu(), gen_ref.cpu()),
                      "first_diff_vs_generate": first_diff(out.sequences, gen_ref, ids.shape[1]),
-                     "compiled": options.get("compile") or False, "static_cache": static})
+                     "compiled": options.get("compile") or False, "static_cache": static,
+                     **per_cycle(out.stats), "cudagraph_skips": cudagraph_skips() - skips})
+    if args.profile:
+        if args.out is None:
+            log(f"{mode}: --profile needs --out (the profile is written beside it); skipped")
+            return
+        forced.set_accept(args.accept[0])
+        profile_decode(decode, device, f"{os.path.splitext(args.out)[0]}_profile_{mode}.txt")
+
+
+def run_verify_forward(target, head, ids, args, tree, device, results):
+    """Time ``StaticTarget.verify`` alone, compiled as ours_compiled compiles it, at Q = total_tokens + 1 and 1."""
+    from eagle_mm.arch import resolve_target
+    from eagle_mm.compat import cache_kwarg
+    from eagle_mm.features import FeatureCapture
+    from eagle_mm.static import StaticTarget, cache_length, static_kinds
+
+    parts, mode = resolve_target(target), compile_mode(args, device)
+    B, T = ids.shape
+    length = cache_length(T, T + args.new_tokens, B, tree.total_tokens + 1, tree.depth)
+    static = StaticTarget(target, B, length, static_kinds(parts.text_config, parts.num_layers), mode or None)
+    slot_pos = torch.arange(T, device=device).expand(B, T)
+    cuda = device.type == "cuda"
+    # no_grad and the capture hooks as in a cycle: the verify graph compiled by ours_compiled is the one timed.
+    with torch.no_grad(), FeatureCapture(parts, head.feature_layers(parts.num_layers)) as cap:
+        target(input_ids=ids, position_ids=slot_pos, use_cache=True, **{cache_kwarg(target): static.cache})
+        cap.features()
+        static.prefilled(slot_pos)
+        for q in (tree.total_tokens + 1, 1):
+            tokens = ids[:, -1:].expand(B, q).contiguous()
+            parent = (torch.arange(q, device=device) - 1).clamp(min=0).expand(B, q).contiguous()  # a chain
+            q_pos = (T + torch.arange(q, device=device)).expand(B, q).contiguous()
+            times = []
+            for i in range(25):  # 5 warm-up calls: compile, CUDA-graph warm-up and recording
+                start = torch.cuda.Event(enable_timing=True) if cuda else None
+                end = torch.cuda.Event(enable_timing=True) if cuda else None
+                t = time.perf_counter()
+                if cuda:
+                    start.record()
+                static.verify(tokens, q_pos, parent, tree.depth, q_pos)
+                if cuda:
+                    end.record()
+                    end.synchronize()
+                ms = start.elapsed_time(end) if cuda else 1e3 * (time.perf_counter() - t)
+                cap.features()
+                for layer in static.cache.layers:  # the verify advanced HF's write pointers by q: back to T
+                    layer.cumulative_length.fill_(T)
+                if i >= 5:
+                    times.append(ms)
+            times.sort()
+            results.add({"mode": "verify_forward", "q": q, "ms": times[len(times) // 2], "ms_min": times[0],
+                         "compiled": mode, "timer": "cuda_events" if cuda else "perf_counter"})
 
 
 def run_generate(mode, target, ids, args, device, results, gen_ref=None):
@@ -180,7 +288,11 @@ def run_generate(mode, target, ids, args, device, results, gen_ref=None):
                                     min_new_tokens=args.new_tokens if compiled else 4))
     out, sec = timed(lambda: target.generate(ids, **options), device)
     n = out.shape[1] - ids.shape[1]
-    row = {"mode": mode, "tokens_per_s": n / sec, "seconds": sec, "new_tokens": n,
+    # The prefill's share: the same call for one token (its decode step never runs), best of three.
+    first = min(timed(lambda: target.generate(ids, **dict(options, max_new_tokens=1, min_new_tokens=1)), device)[1]
+                for _ in range(3))
+    row = {"mode": mode, "tokens_per_s": n / sec, "decode_tokens_per_s": (n - 1) / (sec - first) if n > 1 else None,
+           "seconds": sec, "prefill_seconds": first, "new_tokens": n,
            "compiled": compiled and device.type == "cuda", "static_cache": compiled}
     if gen_ref is not None:
         row["matches_generate"] = torch.equal(out.cpu(), gen_ref.cpu())
@@ -232,12 +344,14 @@ def main(argv=None) -> dict:
         try:  # one failing mode (a compile error, say) must not cost the others their figures
             if mode in ("ours_compiled", "ours_eager"):
                 if mode == "ours_compiled" and device.type != "cuda":
-                    log("ours_compiled: on CPU the static-cache path runs without torch.compile (needs CUDA)")
+                    log(f"ours_compiled: on CPU torch.compile mode {compile_mode(args, device)} (no CUDA graphs)")
                 run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results)
             elif mode == "generate_compiled":
                 if device.type != "cuda":
                     log("generate_compiled: on CPU generate() does not compile; timing its static cache only")
                 run_generate(mode, target, ids, args, device, results, gen_ref)
+            elif mode == "verify_forward":
+                run_verify_forward(target, forced, ids, args, tree, device, results)
         except Exception as e:  # noqa: BLE001 - reported in the results, then the next mode runs
             import traceback
 
@@ -252,17 +366,29 @@ def summarize(rows) -> None:
     """A markdown table on stdout: tokens/s per mode and acceptance, against the ceiling and eager generate."""
     base = {r["mode"]: r["tokens_per_s"] for r in rows if "accept" not in r and "tokens_per_s" in r}
     ceiling, eager = base.get("ceiling"), base.get("generate_eager")
-    print("| mode | forced accept | measured accept | tokens/s | x ceiling | x generate eager | = generate |")
-    print("|---|---|---|---|---|---|---|")
+    print("| mode | forced accept | measured accept | tokens/s | x ceiling | x generate eager | decode tokens/s "
+          "| decode x ceiling | = generate |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "tokens_per_s" not in r:
             continue
-        tps = r["tokens_per_s"]
+        tps, dec = r["tokens_per_s"], r.get("decode_tokens_per_s")
         x_ceiling = f"{tps / ceiling:.2f}" if ceiling else "-"
         x_eager = f"{tps / eager:.2f}" if eager and r["mode"] != "ceiling" else "-"
         measured = f"{r['mean_accept_length']:.2f}" if "mean_accept_length" in r else "-"
-        print(f"| {r['mode']} | {r.get('accept', '-')} | {measured} | {tps:.1f} | {x_ceiling} | {x_eager} "
+        decode = "- | -" if dec is None else f"{dec:.1f} | " + (f"{dec / ceiling:.2f}" if ceiling else "-")
+        print(f"| {r['mode']} | {r.get('accept', '-')} | {measured} | {tps:.1f} | {x_ceiling} | {x_eager} | {decode} "
               f"| {r.get('matches_generate', '-')} |")
+    cycles = [r for r in rows if "cycle_ms" in r]
+    verify = {r["q"]: r["ms"] for r in rows if r.get("mode") == "verify_forward"}
+    if cycles or verify:
+        alone = " / ".join(f"{ms:.2f} (Q={q})" for q, ms in verify.items()) or "-"
+        print(f"\nHost ms per cycle by phase; the verify forward alone: {alone}")
+        print("| mode | forced accept | cycle | draft | verify + sync | other | CUDA-graph skips |")
+        print("|---|---|---|---|---|---|---|")
+        for r in cycles:
+            print(f"| {r['mode']} | {r['accept']} | {r['cycle_ms']:.2f} | {r['draft_ms']:.2f} | "
+                  f"{r['verify_sync_ms']:.2f} | {r['other_ms']:.2f} | {r['cudagraph_skips']} |")
 
 
 if __name__ == "__main__":

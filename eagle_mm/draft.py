@@ -20,7 +20,8 @@ from .processing import reads_input_ids
 from .sampling import sample_children, sibling_scores
 from .tree import Tree, select_tree
 
-__all__ = ["HeadCache", "DraftSampler", "Candidates", "extend_head", "draft_candidates", "draft_tree"]
+__all__ = ["HeadCache", "DraftSampler", "Candidates", "extend_head", "head_entries", "draft_candidates",
+           "draft_tree"]
 
 
 @dataclass
@@ -34,19 +35,6 @@ class HeadCache:
     pos: torch.Tensor  # (B, S_h) position of each entry, -1 if unused; static: (B, C)
     length: int | None = None  # static: committed entries written so far
     scratch: int = 0  # static: draft slots after the C committed ones
-
-    @classmethod
-    def static(cls, cache: "HeadCache", capacity: int, scratch: int) -> "HeadCache":
-        """A static cache of ``capacity`` committed slots holding the entries of a dynamic ``cache``."""
-        B, nkv, S, hd = cache.k.shape
-        if S > capacity:
-            raise ValueError(f"head cache of {S} entries does not fit a static capacity of {capacity}")
-        k = cache.k.new_zeros(B, nkv, capacity + scratch, hd)
-        v = cache.v.new_zeros(B, nkv, capacity + scratch, cache.v.shape[-1])
-        k[:, :, :S], v[:, :, :S] = cache.k, cache.v
-        pos = cache.pos.new_full((B, capacity), -1)
-        pos[:, :S] = cache.pos
-        return cls(k, v, pos, S, scratch)
 
 
 @dataclass
@@ -85,19 +73,32 @@ def _additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
 
 
 def extend_head(head, cache: HeadCache | None, hidden: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor,
-                embeds: torch.Tensor | None = None, *, step=None, advance: int | None = None):
-    """Run the head on new committed entries and append them to its cache.
+                embeds: torch.Tensor | None = None, *, step=None):
+    """Run the head on new committed entries and append them to its (dynamic) cache.
 
     hidden (B, A, F) target features; tokens (B, A) the next tokens; pos (B, A) positions, -1 = padding.
     Returns (cache, out (B, A, H), logits (B, A, V_draft)). ``step``: the head's step function (default
-    ``head.step``; the compiled path passes its compiled one). Static cache: all A entries are written at
-    ``cache.length`` and the length advances by ``advance`` (default A): the entries past it are padding
-    that the next cycle overwrites, so A can stay fixed while acceptance varies.
+    ``head.step``). A static cache is written in place by ``eagle_mm.static_cycle.update_step`` instead.
+    """
+    if cache is not None and cache.length is not None:
+        raise ValueError("extend_head appends to a dynamic head cache; a static one is written by "
+                         "eagle_mm.static_cycle.update_step")
+    out, logits, (k, v) = head_entries(head, cache, hidden, tokens, pos, embeds, step=step)
+    if cache is None:
+        return HeadCache(k, v, pos), out, logits
+    cache = HeadCache(torch.cat((cache.k, k), 2), torch.cat((cache.v, v), 2), torch.cat((cache.pos, pos), 1))
+    return cache, out, logits
+
+
+def head_entries(head, cache: HeadCache | None, hidden: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor,
+                 embeds: torch.Tensor | None = None, *, step=None):
+    """The head's step over A new entries attending to its cache, which is not modified.
+
+    hidden (B, A, F), tokens (B, A), pos (B, A) as in ``extend_head``. Returns (out (B, A, H), logits
+    (B, A, V_draft), (k, v) (B, nkv, A, hd)): the caller writes k, v where the entries belong.
     """
     static = cache is not None and cache.length is not None
     B, A = pos.shape
-    if static and cache.length + A > cache.pos.shape[1]:
-        raise ValueError(f"static head cache full: {cache.length} + {A} entries > capacity {cache.pos.shape[1]}")
     dtype = next(head.parameters()).dtype
     h = head.fuse(hidden)
     e = head.embed(tokens) if embeds is None else embeds.to(h.dtype)
@@ -110,16 +111,7 @@ def extend_head(head, cache: HeadCache | None, hidden: torch.Tensor, tokens: tor
         # Static: the scratch slots between the committed ones and the new entries hold draft leftovers.
         gap = (torch.zeros(B, A, cache.scratch, dtype=torch.bool, device=pos.device),) if static else ()
         allowed, past = torch.cat((old, *gap, causal), dim=-1), (cache.k, cache.v)
-    out, logits, (k, v) = (step or head.step)(e, h, pos.clamp(min=0), _additive(allowed, dtype), past)
-    if cache is None:
-        cache = HeadCache(k, v, pos)
-    elif static:  # write in place at the committed length; only ``advance`` of the A entries count
-        n = cache.length
-        cache.k[:, :, n:n + A], cache.v[:, :, n:n + A], cache.pos[:, n:n + A] = k, v, pos
-        cache.length = n + (A if advance is None else advance)
-    else:
-        cache = HeadCache(torch.cat((cache.k, k), 2), torch.cat((cache.v, v), 2), torch.cat((cache.pos, pos), 1))
-    return cache, out, logits
+    return (step or head.step)(e, h, pos.clamp(min=0), _additive(allowed, dtype), past)
 
 
 def _children(head, logits: torch.Tensor, parent_score: torch.Tensor, parent_logp: torch.Tensor, k: int,

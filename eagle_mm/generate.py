@@ -28,8 +28,10 @@ from .multimodal import (PREFILL_INPUTS, check_images, hide_image_features, imag
 from .options import check_generation_config, pad_id, split_model_inputs
 from .outputs import SpeculativeOutput, SpeculativeStats
 from .processing import process_tree_logits, reads_input_ids
-from .sampling import tree_rejection_sample
+from .sampling import tree_rejection_sample, tree_rejection_sample_scores
 from .static import StaticTarget, cache_length, compiled, resolve_static_options, static_kinds
+from .static_cycle import StaticCycle
+from .stopping import first_stop
 from .kernels import verify_greedy
 from .tree import ancestors, path_indices
 
@@ -54,7 +56,8 @@ class DecodeState:
     generated: list[list[int]]  # per row, committed new tokens
     finished: list[bool]
     target: StaticTarget | None = None  # cache_implementation="static": the target's static cache and verify
-    step: object = None  # the head's step function for the draft and update (compiled or not); None: head.step
+    step: object = None  # the head's step function for the sampling draft (compiled or not); None: head.step
+    fast: StaticCycle | None = None  # static: the draft (greedy) and the update as one function (graph) each
 
     def row(self, b: int) -> torch.Tensor:
         return torch.tensor(self.prompt[b] + self.generated[b], dtype=torch.long)
@@ -72,10 +75,10 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | str | N
     ``autotree_inputs`` (text prompts) or the first prompt row, on every call; run it once and pass its
     ``.tree`` to decode many prompts.
     ``cache_implementation``: None/"dynamic" (HF ``DynamicCache``, shapes follow the cache) or "static": a
-    preallocated HF ``StaticLayer`` cache and fixed verify/draft shapes, so that the target's verify forward and
-    the head's steps can run under ``torch.compile``. ``compile`` (static only): None compiles on CUDA with
-    mode "reduce-overhead" (CUDA graphs), as ``generate`` does with a static cache; True the same on any device;
-    False never; or a ``torch.compile`` mode name. The first call compiles (slow); later calls with the same
+    preallocated HF ``StaticLayer`` cache and fixed shapes, so that a cycle runs as three compiled graphs (draft,
+    verify, update: ``eagle_mm/static_cycle.py``). ``compile`` (static only): None compiles on CUDA with
+    mode "reduce-overhead" (CUDA graphs), as ``generate`` does with a static cache; True compiles on any device
+    (CUDA graphs on CUDA, mode "default" elsewhere); False never; or a ``torch.compile`` mode name. The first call compiles (slow); later calls with the same
     batch size and a cache of the same rounded length reuse the graphs. Tokens equal the dynamic path's.
     """
     if "custom_generate" in kwargs:
@@ -131,6 +134,8 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         raise ValueError("synced_gpus=True is not supported by speculative decoding")
     if mode == "auto":
         mode = "reduce-overhead" if input_ids.device.type == "cuda" else None
+    elif eagle_compile is True and input_ids.device.type != "cuda":
+        mode = "default"  # True = compile the best way here: CUDA graphs ("reduce-overhead") exist on CUDA only
     gen = generation_config
     check_generation_config(gen)
     _check_attention(model)
@@ -160,13 +165,19 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
                                   tree.depth)
             target = StaticTarget(model, input_ids.shape[0], length, kinds, mode)
         state = _prefill(model, head, cap, input_ids, attention_mask, position_ids, images, logits_processor, gen,
-                         generator, target, tree)
-        if static:
-            state.step = compiled(head, "step", head.step, mode) if mode else None
+                         generator, target)
+        if static:  # the head cache and the root move into buffers at fixed addresses
+            state.fast = StaticCycle(head, target, tree, mode)
+            state.head_cache = state.fast.start(state.head_cache, state.root, state.root_pos, state.root_out,
+                                                state.root_logits)
+            b = state.fast.buf
+            state.root, state.root_pos, state.root_out, state.root_logits = (b.root, b.root_pos, b.root_out,
+                                                                             b.root_logits)
+            state.step = compiled(head, "step", head.step, mode) if mode and gen.do_sample else None
         else:
             kinds = layer_kinds(state.cache, parts.text_config)
         _commit(state, state.root[:, None].tolist(), stopping_criteria, streamer)
-        stats.time_other += time.perf_counter() - t0
+        stats.time_prefill += time.perf_counter() - t0
         while not all(state.finished):
             _check_cache_room(parts, target.cur if static else state.slots.full.shape[1], tree)
             _cycle(model, head, cap, state, kinds, tree, gen, logits_processor, stopping_criteria, streamer,
@@ -230,7 +241,7 @@ def _choose(scores: torch.Tensor, do_sample: bool, generator) -> torch.Tensor:
 
 
 def _prefill(model, head, cap, input_ids, attention_mask, position_ids, images, processors, gen,
-             generator, target: StaticTarget | None = None, tree: TreeConfig | None = None) -> DecodeState:
+             generator, target: StaticTarget | None = None) -> DecodeState:
     B = input_ids.shape[0]
     extra, model_pos = {}, position_ids
     if images is not None:  # a VLM: images (encoded once, here), token types, M-RoPE positions
@@ -256,8 +267,6 @@ def _prefill(model, head, cap, input_ids, attention_mask, position_ids, images, 
     cache = output_cache(out)
     if target is not None:
         target.prefilled(slot_pos)
-        # The head's static cache: as many committed slots as the target's, and scratch for one draft.
-        hcache = HeadCache.static(hcache, target.length, (tree.depth - 1) * tree.top_k)
     return DecodeState(
         cache=cache, slots=SlotBook.after_prefill(cache, slot_pos), head_cache=hcache, root=root,
         root_pos=position_ids[:, -1] + 1, root_out=h_out[:, -1], root_logits=h_logits[:, -1],
@@ -267,20 +276,16 @@ def _prefill(model, head, cap, input_ids, attention_mask, position_ids, images, 
 
 
 def _commit(state: DecodeState, new_tokens: list[list[int]], criteria, streamer) -> None:
-    """Append each row's new tokens one at a time, stopping where generate()'s criteria stop it."""
+    """Append each row's new tokens, up to where generate()'s criteria, asked after every token, stop it."""
     for b, toks in enumerate(new_tokens):
         if state.finished[b]:
             continue
-        taken = []
-        # One host tensor per row and cycle; the criteria see growing prefixes of it, as generate() would.
+        # One host tensor per row and cycle; the criteria see its prefixes, as generate() would.
         seq = torch.tensor(state.prompt[b] + state.generated[b] + toks, dtype=torch.long)[None]
-        start = seq.shape[1] - len(toks)
-        for i, t in enumerate(toks):
-            state.generated[b].append(t)
-            taken.append(t)
-            if bool(criteria(seq[:, : start + i + 1], None).any()):
-                state.finished[b] = True
-                break
+        stop = first_stop(criteria, seq, seq.shape[1] - len(toks))
+        taken = toks if stop is None else toks[: stop + 1]
+        state.generated[b].extend(taken)
+        state.finished[b] = stop is not None
         if streamer is not None and b == 0 and taken:
             streamer.put(torch.tensor(taken))
 
@@ -289,12 +294,16 @@ def _cycle(model, head, cap, state: DecodeState, kinds, tree_cfg: TreeConfig, ge
            sampler, generator, stats: SpeculativeStats) -> None:
     D = tree_cfg.depth
     t0 = time.perf_counter()
-    tree, q_nodes = draft_tree(head, state.head_cache, state.root, state.root_out, state.root_logits,
-                               state.root_pos, tree_cfg, sampler=sampler, step=state.step)
+    if state.fast is not None and sampler is None:
+        tree, q_pos = state.fast.draft()  # (B, N+1) each, in the static buffers
+        q_nodes = None
+    else:
+        tree, q_nodes = draft_tree(head, state.head_cache, state.root, state.root_out, state.root_logits,
+                                   state.root_pos, tree_cfg, sampler=sampler, step=state.step)
+        q_pos = state.root_pos[:, None] + tree.depth  # (B, N+1)
     t1 = time.perf_counter()
 
     # Verify: root + N nodes in one target forward with the tree mask.
-    q_pos = state.root_pos[:, None] + tree.depth  # (B, N+1)
     positions = verify_positions(q_pos, state.rope_offsets)
     if state.target is not None:
         target_logits = state.target.verify(tree.tokens, q_pos, tree.parent, D, positions)  # (B, N+1, V)
@@ -312,41 +321,48 @@ def _cycle(model, head, cap, state: DecodeState, kinds, tree_cfg: TreeConfig, ge
                                                       with_path=True)
     else:
         scores = process_tree_logits(processors, rows, tree, target_logits, D)  # (B, N+1, V) fp32
-        accept_len, best, bonus = tree_rejection_sample(tree, torch.softmax(scores, -1), q_nodes, generator)
+        if scores.is_cuda:  # the Triton walk (kernels.verify_sampling) softmaxes only the rows it visits
+            accept_len, best, bonus = tree_rejection_sample_scores(tree, scores, q_nodes, generator)
+        else:  # off CUDA the dispatch picks this torch walk anyway; called directly (tests swap it for a wrong rule)
+            accept_len, best, bonus = tree_rejection_sample(tree, torch.softmax(scores, -1), q_nodes, generator)
         path = path_indices(tree, best, D)  # (B, D+1)
     bonus = bonus[:, None]  # (B, 1)
-    # New tokens per row: path nodes 1..a, then the bonus at column a.
-    j = torch.arange(D + 1, device=path.device)[None]
-    path_next = torch.cat((tree.tokens.gather(1, path[:, 1:]), bonus), 1)  # (B, D+1)
-    new_tok = torch.where(j == accept_len[:, None], bonus, path_next)
-    # The one host sync of the cycle: accept lengths and new tokens together.
-    host = torch.cat((accept_len[:, None], new_tok), 1).cpu()
+    if state.fast is not None:
+        # Static: keep the path, extend the head and set the next root on the device, before the host read
+        # (all D+1 path slots for every row: fixed shapes; the padding past the longest path is overwritten).
+        packed = state.fast.update(tree.tokens, q_pos, feats, accept_len, path, bonus)  # (B, 1 + D+1)
+    else:
+        # New tokens per row: path nodes 1..a, then the bonus at column a.
+        j = torch.arange(D + 1, device=path.device)[None]
+        path_next = torch.cat((tree.tokens.gather(1, path[:, 1:]), bonus), 1)  # (B, D+1)
+        new_tok = torch.where(j == accept_len[:, None], bonus, path_next)
+        packed = torch.cat((accept_len[:, None], new_tok), 1)
+    # The one host sync of the cycle: accept lengths and new tokens together (static greedy on CUDA: with the
+    # next cycle's draft queued behind it, so the GPU drafts while the host commits).
+    host = state.fast.read(packed, draft_ahead=sampler is None) if state.fast is not None else packed.cpu()
     t2 = time.perf_counter()
 
     acc = host[:, 0].tolist()
     _count(stats, acc, state.finished, tree.size - 1)
     _commit(state, [host[b, 1: acc[b] + 2].tolist() for b in range(len(acc))], criteria, streamer)
 
-    # Keep root + accepted nodes in the target cache (A slots for every row; shorter paths padded). A static
-    # cache keeps D+1 slots (fixed shapes) and advances by A: the padding past A is overwritten next cycle.
     A = max(acc) + 1
-    K = D + 1 if state.target is not None else A
-    keep = path[:, :K]  # (B, K)
-    valid = j[:, :K] <= accept_len[:, None]  # (B, K)
-    new_pos = torch.where(valid, q_pos.gather(1, keep), torch.full_like(keep, -1))
-    if state.target is not None:
-        state.target.keep(keep, new_pos, A)
+    if state.fast is not None:
+        state.fast.advance(A)
     else:
+        # Keep root + accepted nodes in the target cache (A slots for every row; shorter paths padded).
+        keep = path[:, :A]  # (B, A)
+        valid = j[:, :A] <= accept_len[:, None]  # (B, A)
+        new_pos = torch.where(valid, q_pos.gather(1, keep), torch.full_like(keep, -1))
         keep_path(state.cache, snap, state.slots, keep, new_pos, tree.size)
-    # Head: entries pairing each kept node's true feature with the next committed token.
-    hidden = feats.gather(1, keep[:, :, None].expand(-1, -1, feats.shape[-1]))
-    state.head_cache, h_out, h_logits = extend_head(head, state.head_cache, hidden, new_tok[:, :K], new_pos,
-                                                    step=state.step, advance=A)
-    last = accept_len[:, None, None]  # column of the bonus entry
-    state.root_out = h_out.gather(1, last.expand(-1, -1, h_out.shape[-1])).squeeze(1)
-    state.root_logits = h_logits.gather(1, last.expand(-1, -1, h_logits.shape[-1])).squeeze(1)
-    state.root = bonus.squeeze(1)
-    state.root_pos = state.root_pos + accept_len + 1
+        # Head: entries pairing each kept node's true feature with the next committed token.
+        hidden = feats.gather(1, keep[:, :, None].expand(-1, -1, feats.shape[-1]))
+        state.head_cache, h_out, h_logits = extend_head(head, state.head_cache, hidden, new_tok[:, :A], new_pos)
+        last = accept_len[:, None, None]  # column of the bonus entry
+        state.root_out = h_out.gather(1, last.expand(-1, -1, h_out.shape[-1])).squeeze(1)
+        state.root_logits = h_logits.gather(1, last.expand(-1, -1, h_logits.shape[-1])).squeeze(1)
+        state.root = bonus.squeeze(1)
+        state.root_pos = state.root_pos + accept_len + 1
     t3 = time.perf_counter()
     stats.time_draft += t1 - t0
     stats.time_verify += t2 - t1

@@ -25,7 +25,8 @@ class SpeculativeStats:
     accepted_tokens: int = 0  # tokens gained from verify forwards (accepted + bonus)
     time_draft: float = 0.0  # seconds growing trees (head forwards)
     time_verify: float = 0.0  # seconds in target verify forwards and acceptance
-    time_other: float = 0.0  # prefill and bookkeeping (cache update, head update, stopping)
+    time_other: float = 0.0  # per-cycle bookkeeping (committing tokens, stopping checks, the dynamic cache/head update)
+    time_prefill: float = 0.0  # seconds from the call's start to its first token: prefill forward and setup
     tree: TreeConfig | None = None  # the draft tree the loop ran with
     autotree: "AutoTreeResult | None" = None  # with tree="auto": the calibration that chose it
 
@@ -41,7 +42,7 @@ class SpeculativeStats:
 
     @property
     def wall_time(self) -> float:
-        return self.time_draft + self.time_verify + self.time_other
+        return self.time_prefill + self.time_draft + self.time_verify + self.time_other
 
     def as_dict(self) -> dict:
         return {
@@ -53,6 +54,7 @@ class SpeculativeStats:
             "time_draft": self.time_draft,
             "time_verify": self.time_verify,
             "time_other": self.time_other,
+            "time_prefill": self.time_prefill,
             "tree": asdict(self.tree) if self.tree is not None else None,
             "autotree": self.autotree.as_dict(candidates=False) if self.autotree is not None else None,
         }

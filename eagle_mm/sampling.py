@@ -5,6 +5,9 @@ q_u (Gumbel-top-k), in sample order c_1, c_2, ... (``sample_children``); the glo
 with ``sibling_scores``. Verification (``tree_rejection_sample``) is recursive rejection sampling over
 those candidates (RSD, Jeon et al. 2024). All functions are batched over B rows, draw their randomness
 in fixed shapes from an optional ``torch.Generator`` and never sync with the host.
+``tree_rejection_sample_scores`` takes the target's processed logits instead of probabilities and runs the
+walk through ``eagle_mm.kernels.verify_sampling``: on CUDA a Triton kernel that softmaxes only the rows
+the walk visits; elsewhere ``rejection_walk`` below, the oracle.
 
 Why the output is exact. At node u let p_1 = p_u (the target's processed distribution after u) and
 q_1 = q_u. Drawing without replacement means c_i ~ q_i given c_1..c_{i-1}, where q_i is q_u with
@@ -41,9 +44,11 @@ from __future__ import annotations
 
 import torch
 
+from .kernels import verify_sampling
 from .tree import Tree
 
-__all__ = ["sample_children", "sibling_scores", "tree_rejection_sample", "rejection_walk"]
+__all__ = ["sample_children", "sibling_scores", "tree_rejection_sample", "tree_rejection_sample_scores",
+           "rejection_walk"]
 
 
 def sample_children(logq: torch.Tensor, k: int, generator: torch.Generator | None = None):
@@ -112,6 +117,14 @@ def _sample(p: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return (p / e.clamp_min(torch.finfo(e.dtype).tiny)).argmax(-1)
 
 
+def _noise(B: int, n: int, V: int, device: torch.device, generator: torch.Generator | None):
+    """All the walk's randomness up front, in fixed shapes: u (B, N+1) one uniform per node, e (B, V) the
+    bonus's Exp(1) noise. One order of draws for both entry points, so they agree for a given generator."""
+    u = torch.rand(B, n, generator=generator, device=device)
+    e = torch.empty(B, V, device=device).exponential_(generator=generator)
+    return u, e
+
+
 def tree_rejection_sample(tree: Tree, p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None = None):
     """Recursive rejection sampling down a tree whose siblings were drawn by ``sample_children``.
 
@@ -125,10 +138,26 @@ def tree_rejection_sample(tree: Tree, p: torch.Tensor, q: torch.Tensor, generato
     B, n = tokens.shape
     if p.shape[:2] != (B, n) or q.shape != p.shape:
         raise ValueError(f"p {tuple(p.shape)} and q {tuple(q.shape)} must both be (B, N+1, V) = ({B}, {n}, V)")
-    # All randomness up front, in fixed shapes: one uniform per node and the bonus noise.
-    u = torch.rand(B, n, generator=generator, device=p.device)  # (B, N+1)
-    e = torch.empty(B, p.shape[-1], device=p.device).exponential_(generator=generator)  # (B, V)
+    u, e = _noise(B, n, p.shape[-1], p.device, generator)
     return rejection_walk(tokens, parent, p, q, u, e)
+
+
+def tree_rejection_sample_scores(tree: Tree, scores: torch.Tensor, q: torch.Tensor,
+                                 generator: torch.Generator | None = None, *, backend: str | None = None):
+    """``tree_rejection_sample(tree, softmax(scores, -1), q, generator)`` from the processed logits.
+
+    scores (B, N+1, V): the target's processed logits after each node (-inf = masked token). Same noise
+    from the same generator, and the same results (bit for bit on the torch backend; up to last-bit
+    rounding on Triton, see ``eagle_mm.kernels.triton_sampling``). ``backend`` as in
+    ``eagle_mm.kernels.verify_sampling`` (default: EAGLE_MM_VERIFY_BACKEND, then Triton on CUDA).
+    """
+    tokens, parent = tree.tokens, tree.parent
+    B, n = tokens.shape
+    if scores.shape[:2] != (B, n) or q.shape != scores.shape:
+        raise ValueError(f"scores {tuple(scores.shape)} and q {tuple(q.shape)} must both be (B, N+1, V) = "
+                         f"({B}, {n}, V)")
+    u, e = _noise(B, n, scores.shape[-1], scores.device, generator)
+    return verify_sampling(scores, q, tokens, parent, u, e, backend=backend)
 
 
 def rejection_walk(tokens: torch.Tensor, parent: torch.Tensor, p: torch.Tensor, q: torch.Tensor, u: torch.Tensor,

@@ -4,13 +4,13 @@ With ``cache_implementation="static"`` every cycle runs the same shapes: the tre
 ``total_tokens + 1`` nodes (``select_tree`` keeps exactly that many), the target's KV cache is an HF
 ``StaticCache``-style list of ``StaticLayer`` of a fixed length L, the verify mask is (B, 1, Q, L), the
 kept path is always written as D+1 slots (the ones past the accepted length are padding that the next
-cycle overwrites), and the head's cache is a fixed buffer with scratch slots for the draft steps. One
-compiled graph then serves every cycle of the verify forward, one every draft step and one the head's
-update (``torch.compile(mode="reduce-overhead")``: CUDA graphs).
+cycle overwrites), and the head's cache is a fixed buffer with scratch slots for the draft steps. A cycle
+is then three compiled graphs (``torch.compile(mode="reduce-overhead")``: CUDA graphs): the draft
+(``static_cycle.draft_step``), the verify forward here, and the update (``static_cycle.update_step``).
 
 Slots: ``StaticTarget.pos`` (B, L) holds the token position in each cache slot, -1 where empty. The
 write pointer is ``cur``: a verify forward writes its Q tree slots at [cur, cur+Q) (HF's ``StaticLayer``
-writes at its ``cumulative_length``, which it then advances by Q), ``keep`` copies the accepted ones to
+writes at its ``cumulative_length``, which it then advances by Q), the update copies the accepted ones to
 [cur, cur+D+1) and sets every layer's ``cumulative_length`` to the new pointer: transformers 5.17's
 ``StaticLayer`` has no ``crop``, so the pointer is set in place (its tensor address is static) on every
 release. Sliding-window layers are stored as full static layers; their window is applied by the mask.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from dataclasses import dataclass
 
 import torch
 
@@ -29,7 +30,7 @@ from .tree import ancestors
 logger = logging.getLogger(__name__)
 
 __all__ = ["CACHE_IMPLEMENTATIONS", "resolve_static_options", "static_kinds", "static_masks", "StaticTarget",
-           "compiled", "cache_length"]
+           "compiled", "cache_length", "keep_slots"]
 
 CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -114,38 +115,68 @@ _CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def compiled(owner, name: str, fn, mode: str):
-    """``torch.compile(fn, mode=mode, dynamic=False)``, built once per (owner object, name, mode).
+def compiled(owner, name: str, fn, mode: str, *, fullgraph: bool = False):
+    """``torch.compile(fn, mode=mode, dynamic=False, fullgraph=fullgraph)``, built once per (owner, name, mode).
 
-    With CUDA graphs ("reduce-overhead") every call first marks a new step: the caller has consumed the
-    outputs of the previous call (copied, gathered or reduced them), so the graphs may reuse their memory.
+    With CUDA graphs ("reduce-overhead", "max-autotune") every call first marks a new step: the caller has
+    consumed the outputs of the previous call (copied, gathered or reduced them), so the graphs may reuse their
+    memory. Inductor quietly runs a graph without CUDA graphs when it cannot capture it, e.g. when the graph
+    writes into an input whose address is not static (``mark_static_address``): its skip counter is watched
+    here, so that such a graph warns instead of just running slower.
     """
     table = _COMPILED.setdefault(owner, {})
     key = (name, mode)
     if key not in table:
         logger.debug("compiling %s of %s (mode=%s)", name, type(owner).__name__, mode)
-        inner = torch.compile(fn, mode=mode, dynamic=False)
-        if mode == "reduce-overhead":
-            def call(*args, **kwargs):
-                torch.compiler.cudagraph_mark_step_begin()
-                return inner(*args, **kwargs)
-            table[key] = call
-        else:
-            table[key] = inner
+        inner = torch.compile(fn, mode=mode, dynamic=False, fullgraph=fullgraph)
+        graphs = mode in _CUDA_GRAPH_MODES
+        table[key] = _with_cudagraphs(inner, f"{name} of {type(owner).__name__}") if graphs else inner
     return table[key]
 
 
-def _static_cache(model, batch: int, length: int, n: int):
+_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def _with_cudagraphs(inner, what: str):
+    from torch._dynamo.utils import counters
+
+    warned = []
+
+    def call(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        skips = counters["inductor"]["cudagraph_skips"]
+        out = inner(*args, **kwargs)
+        # Inductor counts a skip once per graph: when it compiles it or, for a mutated input, at its first run.
+        if counters["inductor"]["cudagraph_skips"] != skips and not warned:
+            warned.append(True)
+            logger.warning("torch.compile runs the %s without CUDA graphs, launching its kernels one by one. "
+                           "TORCH_LOGS=cudagraphs gives the reason: 'mutated inputs' is a tensor written in place "
+                           "that is not marked with torch._dynamo.mark_static_address; 'cpu device' means CPU "
+                           "tensors, which have no CUDA graphs (compile='default' does the same without this)", what)
+        return out
+
+    return call
+
+
+@dataclass
+class _ModelCache:
+    batch: int
+    cache: object  # the HF Cache of StaticLayers
+    pos: torch.Tensor | None = None  # (B, L) slot positions, allocated at the first prefill
+
+
+def _static_cache(model, batch: int, length: int, n: int) -> _ModelCache:
     """An n-layer static cache of at least ``length`` slots: the model's previous one when it is long enough
     (as ``generate`` reuses its static cache), so that calls with shorter prompts replay the same graphs."""
     from transformers.cache_utils import Cache, StaticLayer
 
-    old_batch, cache = _CACHES.get(model, (None, None))
-    if cache is None or len(cache.layers) != n or old_batch != batch or cache.layers[0].max_cache_len < length:
-        cache = Cache(layers=[StaticLayer(max_cache_len=length) for _ in range(n)])
-        _CACHES[model] = (batch, cache)  # one live cache per model: a new shape frees the old one
-    cache.reset()  # zeros the stored slots and every layer's cumulative_length, in place
-    return cache
+    entry = _CACHES.get(model)
+    if (entry is None or len(entry.cache.layers) != n or entry.batch != batch
+            or entry.cache.layers[0].max_cache_len < length):
+        entry = _ModelCache(batch, Cache(layers=[StaticLayer(max_cache_len=length) for _ in range(n)]))
+        _CACHES[model] = entry  # one live cache per model: a new shape frees the old one
+    entry.cache.reset()  # zeros the stored slots and every layer's cumulative_length, in place
+    return entry
 
 
 class StaticTarget:
@@ -154,19 +185,24 @@ class StaticTarget:
     def __init__(self, model, batch: int, length: int, kinds: list[LayerKind], mode: str | None):
         self.model, self.kinds, self.mode = model, kinds, mode
         self._cache_kwarg = cache_kwarg(model)
-        self.cache = _static_cache(model, batch, length, len(kinds))
+        self._entry = _static_cache(model, batch, length, len(kinds))
+        self.cache = self._entry.cache
         self.length = self.cache.layers[0].max_cache_len
-        self.cur = 0
+        self.cur = 0  # on the host, for the room checks; the update graph keeps its own copy on the device
         self.pos: torch.Tensor | None = None  # (B, L)
         self._verify = compiled(model, "verify", _verify_forward, mode) if mode else _verify_forward
-        self._keep = compiled(model, "keep", _keep_slots, mode) if mode else _keep_slots
 
     def prefilled(self, slot_pos: torch.Tensor) -> None:
         """After the prefill forward over T prompt slots: their positions (B, T), -1 for padding."""
         B, T = slot_pos.shape
-        self.pos = slot_pos.new_full((B, self.length), -1)
-        self.pos[:, :T] = slot_pos
-        self.cur = T
+        pos = self._entry.pos
+        if pos is None or pos.device != slot_pos.device:
+            # Kept between calls at one address: the update graph writes it in place under CUDA graphs.
+            pos = self._entry.pos = slot_pos.new_empty(B, self.length)
+            torch._dynamo.mark_static_address(pos)
+        pos.fill_(-1)
+        pos[:, :T] = slot_pos
+        self.pos, self.cur = pos, T
 
     def verify(self, tokens: torch.Tensor, q_pos: torch.Tensor, parent: torch.Tensor, depth: int,
                position_ids: torch.Tensor) -> torch.Tensor:
@@ -178,21 +214,10 @@ class StaticTarget:
         return self._verify(self.model, self.cache, self.kinds, self._cache_kwarg, tokens, q_pos, parent, self.pos,
                             write, position_ids, depth)
 
-    def keep(self, keep: torch.Tensor, new_pos: torch.Tensor, advance: int) -> None:
-        """Copy the kept tree slots keep (B, K) (K fixed: D+1) to [cur, cur+K), positions new_pos (B, K)
-        (-1 = padding), and move the write pointer ``advance`` slots on."""
-        K = keep.shape[1]
-        if self.cur + K > self.length:
-            raise RuntimeError(f"static cache of {self.length} slots is full ({self.cur} used, a path needs {K})")
-        dev = keep.device
-        src = keep + self.cur  # (B, K) slots written by the verify
-        dst = torch.arange(self.cur, self.cur + K, device=dev)  # (K,)
-        new_len = dst[0] + advance  # () on the device: a host tensor here would cost a copy and a sync
+    def layers(self) -> tuple[list, list, list]:
+        """Keys, values and write pointers (``cumulative_length``) of the initialized layers."""
         layers = [layer for layer in self.cache.layers if layer.is_initialized]
-        self._keep([layer.keys for layer in layers], [layer.values for layer in layers],
-                   [layer.cumulative_length for layer in layers], src, dst, new_len)
-        self.pos[:, self.cur:self.cur + K] = new_pos
-        self.cur += advance
+        return [la.keys for la in layers], [la.values for la in layers], [la.cumulative_length for la in layers]
 
 
 def _verify_forward(model, cache, kinds, kwarg: str, tokens, q_pos, parent, slot_pos, write, position_ids,
@@ -204,8 +229,8 @@ def _verify_forward(model, cache, kinds, kwarg: str, tokens, q_pos, parent, slot
                  use_cache=True).logits
 
 
-def _keep_slots(keys: list, values: list, lengths: list, src: torch.Tensor, dst: torch.Tensor,
-                new_len: torch.Tensor) -> None:
+def keep_slots(keys: list, values: list, lengths: list, src: torch.Tensor, dst: torch.Tensor,
+               new_len: torch.Tensor) -> None:
     """In place, per layer: slots dst (K,) <- slots src (B, K) of each row; the write pointer <- new_len."""
     for t in (*keys, *values):
         B, h, _, d = t.shape

@@ -5,6 +5,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.tiny import tiny_model
@@ -20,17 +21,40 @@ def _load(name):
 
 
 def test_bench_8b_tiny(tmp_path):
+    """Every mode (the static path uncompiled here, which keeps this fast)."""
     bench = _load("bench_8b")
     out = tmp_path / "tiny.json"
-    data = bench.main(["--tiny", "--accept", "1", "3", "--new-tokens", "12", "--out", str(out)])
+    data = bench.main(["--tiny", "--accept", "1", "3", "--new-tokens", "12", "--out", str(out),
+                       "--cpu-compile-mode", "none"])
     assert json.loads(out.read_text()) == data
+    assert not [r for r in data["rows"] if "error" in r]
     rows = [r for r in data["rows"] if "accept" in r]
     assert {(r["mode"], r["accept"]) for r in rows} == {(m, a) for m in ("ours_compiled", "ours_eager")
                                                         for a in (1.0, 3.0)}
     assert all(r["matches_generate"] for r in rows)
     forced3 = [r["mean_accept_length"] for r in rows if r["accept"] == 3.0]
     assert all(2.5 < a <= 3.0 for a in forced3)  # the forcing reaches the asked acceptance
+    for r in rows:  # the host time per cycle, by phase, adds up to the whole
+        assert r["draft_ms"] > 0 and r["verify_sync_ms"] > 0 and r["cudagraph_skips"] == 0
+        assert abs(r["draft_ms"] + r["verify_sync_ms"] + r["other_ms"] - r["cycle_ms"]) < 1e-6
     assert any(r["mode"] == "generate_compiled" and r["matches_generate"] for r in data["rows"])
+    verify = {r["q"]: r for r in data["rows"] if r["mode"] == "verify_forward"}
+    assert sorted(verify) == [1, data["meta"]["tree"]["total_tokens"] + 1] and all(r["ms"] > 0 for r in verify.values())
+
+
+@pytest.mark.slow
+def test_bench_8b_tiny_compiled(tmp_path):
+    """ours_compiled through inductor on the CPU (the --tiny default): generate's tokens; --profile's tables."""
+    bench = _load("bench_8b")
+    out = tmp_path / "tiny.json"
+    data = bench.main(["--tiny", "--modes", "ours_compiled", "--accept", "3", "--new-tokens", "12", "--profile",
+                       "--out", str(out)])
+    rows = [r for r in data["rows"] if r["mode"] == "ours_compiled"]
+    assert rows and not [r for r in rows if "error" in r]
+    timed = [r for r in rows if "accept" in r]
+    assert timed and all(r["matches_generate"] and r["compiled"] == "default" for r in timed)
+    text = (tmp_path / "tiny_profile_ours_compiled.txt").read_text()
+    assert "== top 40 by CPU time ==" in text and "aten::" in text
 
 
 def test_wrong_positions_mean_gap():

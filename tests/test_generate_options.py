@@ -137,7 +137,8 @@ def test_stats_report_timing_split_and_counts():
     assert st.num_drafts == st.num_target_forwards and st.num_draft_tokens == 5 * st.num_drafts
     assert len(st.accept_rate_per_position) == 5
     assert all(a >= b for a, b in zip(st.accept_rate_per_position, st.accept_rate_per_position[1:]))
-    assert st.time_draft > 0 and st.time_verify > 0 and st.time_other > 0
+    assert st.time_draft > 0 and st.time_verify > 0 and st.time_other > 0 and st.time_prefill > 0
+    assert st.wall_time == st.time_prefill + st.time_draft + st.time_verify + st.time_other
     assert set(st.as_dict()) >= {"mean_accept_length", "accept_rate_per_position", "num_target_forwards"}
 
 

@@ -133,7 +133,9 @@ def test_matches_reference(B, n, V, dtype, variant):
 @pytest.mark.parametrize("tiling", ({}, {"block_v": 16, "splits": 1}, {"block_v": 16, "splits": 64},
                                     {"block_v": 64, "splits": 5}, {"block_v": 16, "splits": 5, "unroll": 2},
                                     {"block_v": 16, "splits": 64, "fused": True},
-                                    {"block_v": 16, "splits": 5, "fused": True, "unroll": 2}), ids=str)
+                                    {"block_v": 16, "splits": 5, "fused": True, "unroll": 2},
+                                    {"block_v": 16, "splits": 5, "stages": 3},
+                                    {"block_v": 16, "splits": 5, "fused": True, "unroll": 2, "stages": 3}), ids=str)
 def test_ties_across_chunks_and_splits(tiling):
     """Equal maxima in one lane of two chunks, in two splits, and at the two ends: lowest index wins."""
     V = 300
@@ -167,13 +169,31 @@ def test_special_values(dtype):
         run_both(logits, tokens, parent, depth, D, **tiling)
 
 
+@needs_triton
+@pytest.mark.parametrize("fused", (False, True))
+def test_split_merge_in_several_tiles(monkeypatch, fused):
+    """The walk merges the splits' keys a tile of columns at a time; with 2-column tiles, 5 splits take
+    three loads (the last one half masked), and ties across splits still go to the lowest index."""
+    from eagle_mm.kernels import triton_greedy
+    monkeypatch.setattr(triton_greedy, "_MERGE_TILE", 16)  # block 8 (N+1 = 7) -> 2 splits per tile
+    V = 300
+    logits, tokens, parent, depth, D = make_case(2, 7, V, torch.float32, seed=11)
+    top = logits.amax(-1).max().item() + 2
+    logits[1, 2, [290, 10, 150]] = top  # splits 4, 0 and 2 of 5 (block_v 16: chunks of 64)
+    got = run_both(logits, tokens, parent, depth, D, block_v=16, splits=5, fused=fused)
+    assert got[4][1, 2].item() == 10
+
+
+def counter_key() -> torch.device:
+    """The key of DEVICE's counter buffer: the tensors' device, which on CUDA has an index (found on the H200)."""
+    device = torch.device(DEVICE)
+    return torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" else device
+
+
 def counters(B: int) -> list:
     """The fused kernel's ticket counters of rows [0, B) on DEVICE (all must be 0 between calls)."""
     from eagle_mm.kernels import triton_greedy
-    device = torch.device(DEVICE)
-    if device.type == "cuda":  # keyed by the tensors' device, which has an index (found on the H200, 2026-11-29)
-        device = torch.device("cuda", torch.cuda.current_device())
-    return triton_greedy._COUNTERS[device][:B].tolist()
+    return triton_greedy._COUNTERS[counter_key()][:B].tolist()
 
 
 @needs_triton
@@ -199,13 +219,13 @@ def test_fused_counter_growth(monkeypatch):
     graph may use it), then a smaller batch still works on the new one."""
     from eagle_mm.kernels import triton_greedy
     small = torch.zeros(4, dtype=torch.int32, device=DEVICE)
-    monkeypatch.setattr(triton_greedy, "_COUNTERS", {torch.device(DEVICE): small})
+    monkeypatch.setattr(triton_greedy, "_COUNTERS", {counter_key(): small})
     monkeypatch.setattr(triton_greedy, "_RETIRED", [])
     for B, n, V in ((5, 2, 37), (2, 3, 40)):
         run_both(*make_case(B, n, V, torch.float32, seed=B), fused=True, block_v=16, splits=2)
         assert counters(B) == [0] * B
     assert len(triton_greedy._RETIRED) == 1 and triton_greedy._RETIRED[0] is small
-    assert triton_greedy._COUNTERS[torch.device(DEVICE)].numel() >= 5
+    assert triton_greedy._COUNTERS[counter_key()].numel() >= 5
 
 
 @needs_triton

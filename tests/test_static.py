@@ -1,11 +1,16 @@
 """cache_implementation="static": the fixed-shape decode path gives generate()'s greedy tokens, on 5.17 too.
 
-The compiled path (torch.compile, CUDA graphs) is checked against the eager static path on CUDA only.
+The compiled path runs on the CPU with inductor (no CUDA graphs there): same tokens, each of the cycle's three
+graphs (draft, verify, update) compiled once, and every input they write in place of static address, which is
+what CUDA graphs need. With CUDA graphs it is checked against the eager static path on CUDA only.
 """
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 import eagle_mm as em
 from tests.doubles import ForcedHead
@@ -61,17 +66,18 @@ def test_static_batch_with_padding(family):
 
 
 def test_static_reuses_cache_between_calls():
-    """A second call of the same shape reuses the cache object (what keeps compiled graphs valid)."""
+    """A second call of the same shape reuses the cache and the cycle's buffers (what keeps compiled graphs valid)."""
     from eagle_mm.static import _CACHES
+    from eagle_mm.static_cycle import _BUFFERS
 
     model = tiny_model("llama")
     ids = prompt(8)
     head, ref = _forced(model, ids, torch.ones_like(ids), 12)
     first = _run(model, head, ids, None, 12, TREE, cache_implementation="static")
-    cache = _CACHES[model][1]
+    cache, pos, buf = _CACHES[model].cache, _CACHES[model].pos, _BUFFERS[head][1]
     second = _run(model, head, ids, None, 12, TREE, cache_implementation="static")
     shorter = _run(model, head, ids[:, 2:], None, 6, TREE, cache_implementation="static")  # fits: reused too
-    assert _CACHES[model][1] is cache
+    assert _CACHES[model].cache is cache and _CACHES[model].pos is pos and _BUFFERS[head][1] is buf
     assert torch.equal(first.sequences, second.sequences)
     assert torch.equal(first.sequences, ref[:, : first.sequences.shape[1]])
     assert torch.equal(shorter.sequences, model.generate(ids[:, 2:], max_new_tokens=6, do_sample=False))
@@ -108,13 +114,17 @@ def test_static_refuses_chunked_layers():
 
 @pytest.mark.slow
 def test_compiled_cpu_equals_eager_without_recompiles():
-    """torch.compile (inductor, no CUDA graphs on a CPU): same tokens, and a second call compiles nothing."""
+    """torch.compile (inductor, no CUDA graphs on a CPU): same tokens; the draft, the verify and the update compile
+    once each, with no graph break, and neither a later cycle nor a second call compiles anything."""
     model = tiny_model("llama", num_hidden_layers=4)
     ids = prompt(8)
     mask = torch.ones_like(ids)
     head, ref = _forced(model, ids, mask, 16)
     eager = _run(model, head, ids, mask, 16, TREE, cache_implementation="static", compile=False)
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
     first = _run(model, head, ids, mask, 16, TREE, cache_implementation="static", compile="default")
+    assert first.stats.num_target_forwards >= 4  # later cycles replayed the first cycle's graphs
+    assert counters["stats"]["unique_graphs"] - graphs == 3  # a recompile in a later cycle would add one
     with torch._dynamo.config.patch(error_on_recompile=True):
         second = _run(model, head, ids, mask, 16, TREE, cache_implementation="static", compile="default")
     for out in (first, second):
@@ -127,6 +137,74 @@ def test_compiled_cpu_equals_eager_without_recompiles():
     with torch._dynamo.config.patch(error_on_recompile=True):
         short_comp = _run(model, head, short, short_mask, 16, TREE, cache_implementation="static", compile="default")
     assert torch.equal(short_comp.sequences, short_eager.sequences)
+    assert counters["stats"]["unique_graphs"] - graphs == 3
+    assert sum(counters["graph_break"].values()) == breaks
+
+
+def _recording_compiled(seen: dict):
+    """A stand-in for ``static.compiled`` whose backend records, per graph, which inputs it writes in place and
+    which inputs have a static address (parameters, buffers, ``mark_static_address``), as inductor sees them."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def make(owner, name, fn, mode, *, fullgraph=False):
+        def fw(gm, example_inputs):
+            meta = torch._guards.TracingContext.get().fw_metadata
+            mutated = {i for i, info in enumerate(meta.input_info) if info.mutates_data}
+            seen.setdefault(name, []).append((mutated, set(meta.static_input_indices)))
+            return make_boxed_func(gm.forward)
+
+        return torch.compile(fn, backend=aot_autograd(fw_compiler=fw), dynamic=False, fullgraph=fullgraph)
+
+    return make
+
+
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampling"])
+def test_compiled_graphs_write_only_static_inputs(monkeypatch, do_sample):
+    """Inductor runs a graph that writes into an input of non-static address without CUDA graphs ("skipping
+    cudagraphs due to mutated inputs"). CPU has no CUDA graphs, so check the condition itself on every graph the
+    cycle compiles: the draft (greedy; sampling drafts eagerly with the compiled head step), verify and update."""
+    import eagle_mm.generate as gen
+    import eagle_mm.static as st
+    import eagle_mm.static_cycle as sc
+
+    seen = {}
+    for module in (gen, st, sc):
+        monkeypatch.setattr(module, "compiled", _recording_compiled(seen))
+    model = tiny_model("llama")
+    ids = prompt(8)
+    head, _ = _forced(model, ids, torch.ones_like(ids), 12)
+    kw = dict(max_new_tokens=12, tree=TREE, do_sample=do_sample, cache_implementation="static")
+    outs = [em.speculative_generate(model, head, ids, generator=torch.Generator().manual_seed(3), **kw,
+                                    compile=c) for c in (False, "default")]
+    assert torch.equal(outs[0], outs[1])  # the same ops, traced: the same tokens, sampled ones included
+    assert sorted(seen) == (["step", "update", "verify"] if do_sample else ["draft", "update", "verify"])
+    for name, graphs in seen.items():
+        assert len(graphs) == 1, name  # one graph each, reused every cycle
+        mutated, static = graphs[0]
+        assert mutated <= static, f"{name} writes inputs {sorted(mutated - static)} of non-static address"
+        assert bool(mutated) == (name != "step"), name
+
+
+def _bump(x, buf):
+    buf.add_(x)
+    return buf * 2
+
+
+def test_cudagraph_skip_warns(caplog):
+    """A graph that inductor runs without CUDA graphs warns once (here: CPU tensors, which have none)."""
+    from eagle_mm.static import compiled
+
+    class Owner:
+        pass
+
+    owner, buf = Owner(), torch.zeros(3)
+    fn = compiled(owner, "bump", _bump, "reduce-overhead", fullgraph=True)
+    with caplog.at_level(logging.WARNING, logger="eagle_mm.static"):
+        for _ in range(3):
+            out = fn(torch.ones(3), buf)
+    assert torch.equal(buf, torch.full((3,), 3.0)) and torch.equal(out, buf * 2)
+    assert len([r for r in caplog.records if "bump of Owner without CUDA graphs" in r.getMessage()]) == 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled path (CUDA graphs) needs a CUDA GPU")
@@ -139,9 +217,11 @@ def test_compiled_equals_eager_cuda(tree):
     head._head.cuda()
     head.reference, head.wrong = head.reference.cuda(), head.wrong.cuda()
     eager = _run(model, head, ids, mask, 32, tree, cache_implementation="static", compile=False)
+    skips = counters["inductor"]["cudagraph_skips"]
     comp = [_run(model, head, ids, mask, 32, tree, cache_implementation="static", compile=True)]
     with torch._dynamo.config.patch(error_on_recompile=True):  # the second call replays the first one's graphs
         comp.append(_run(model, head, ids, mask, 32, tree, cache_implementation="static", compile=True))
+    assert counters["inductor"]["cudagraph_skips"] == skips  # draft, verify and update all run as CUDA graphs
     for out in comp:
         assert torch.equal(out.sequences, eager.sequences)
         assert out.stats.accept_counts == eager.stats.accept_counts

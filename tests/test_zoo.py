@@ -280,6 +280,29 @@ def test_bench_runs_every_method(built, tmp_path):
         [auto["chosen"][k] for k in ("depth", "top_k", "total_tokens")]
 
 
+def test_bench_targets_say_met_missed_or_not_measured():
+    bench = _bench_module()
+
+    def row(method, tps, accept=None):
+        return {"mode": "greedy", "method": method, "tokens_per_s": tps, "speedup": tps / 100,
+                "mean_accept_length": accept}
+
+    rows = [row("generate", 100), row("eagle_tree", 150, 3.6), row("eagle3_tree", 180, 3.8),
+            row("eagle3_tree_compiled", 260, 3.8), row("prompt_lookup", 200),
+            {"mode": "greedy", "method": "assisted", "error": "RuntimeError: boom"},
+            row("eagle3_chain", 999, 9.0), {**row("eagle3_tree", 999, 9.0), "mode": "sample"}]
+    checks = {c["target"].split(" (")[0]: c for c in bench.targets(rows, "cuda")}
+    assert checks["EAGLE-3 mean acceptance length >= 3.5"]["met"] is True
+    assert checks["EAGLE-3 acceptance above EAGLE's"]["met"] is True
+    speed = checks["speed-up over generate >= 2.5x"]
+    assert (speed["value"], speed["met"]) == (2.6, True) and "eagle3_tree_compiled" in speed["target"]
+    assert checks["faster than HF prompt lookup"]["met"] is True
+    assert checks["faster than HF assisted generation"]["met"] is None  # its row failed: not measured, not met
+    slow = {c["target"].split(" (")[0]: c for c in bench.targets(rows[:3] + rows[4:5], "cpu")}
+    assert slow["speed-up over generate >= 2.0x"]["met"] is False  # 1.8x from the eager tree alone
+    assert slow["faster than HF prompt lookup"]["met"] is False
+
+
 def test_bench_records_a_failing_method_and_goes_on(built, tmp_path, monkeypatch):
     bench = _bench_module()
     real = bench.run_method

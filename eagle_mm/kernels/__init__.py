@@ -1,8 +1,8 @@
-"""Fused greedy tree verification: a Triton kernel, its pure-torch reference, and the dispatch between them.
+"""Tree verification kernels (greedy and sampling): Triton, their pure-torch references, and the dispatch.
 
-The kernel module is imported lazily (by `dispatch`), so importing this package never imports Triton.
+The kernel modules are imported lazily (by `dispatch`), so importing this package never imports Triton.
 """
-from .dispatch import verify_greedy
+from .dispatch import verify_greedy, verify_sampling
 from .reference import verify_greedy_reference
 
-__all__ = ["verify_greedy", "verify_greedy_reference"]
+__all__ = ["verify_greedy", "verify_greedy_reference", "verify_sampling"]

@@ -1,4 +1,4 @@
-"""`verify_greedy`: pick the Triton kernel or the torch reference for greedy tree verification.
+"""`verify_greedy` / `verify_sampling`: pick the Triton kernel or the torch reference for tree verification.
 
 Backend choice, first match wins: the ``backend`` argument, then the environment variable
 EAGLE_MM_VERIFY_BACKEND, then "auto". "auto" runs Triton on CUDA tensors when Triton imports and
@@ -16,7 +16,7 @@ import torch
 
 from .reference import verify_greedy_reference
 
-__all__ = ["verify_greedy", "BACKENDS", "ENV_BACKEND"]
+__all__ = ["verify_greedy", "verify_sampling", "BACKENDS", "ENV_BACKEND"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,11 @@ def _interpreting() -> bool:
 def _triton_module():
     """Import the kernel module lazily: TRITON_INTERPRET is read when its kernels are decorated."""
     from . import triton_greedy as module
+    return module
+
+
+def _sampling_module():
+    from . import triton_sampling as module
     return module
 
 
@@ -55,8 +60,9 @@ def _check(logits, tree_tokens, parent, depth, max_depth) -> None:
         raise ValueError(f"max_depth={max_depth!r} must be a non-negative int")
 
 
-def _resolve(backend: str | None, device: torch.device, width: int) -> str:
-    """``width`` = max(N+1, max_depth+1): the walk holds that many lanes in one program."""
+def _resolve(backend: str | None, device: torch.device, width: int = 1, load=_triton_module) -> str:
+    """``width`` = max(N+1, max_depth+1) for the greedy walk, which holds that many lanes in one program
+    (the sampling walk holds none: 1). ``load`` imports the kernel module that would run."""
     chosen = backend or os.environ.get(ENV_BACKEND) or "auto"
     if chosen not in BACKENDS:
         raise ValueError(f"verify backend {chosen!r} unknown; expected one of {BACKENDS}")
@@ -65,7 +71,7 @@ def _resolve(backend: str | None, device: torch.device, width: int) -> str:
     if device.type != "cuda" and not _interpreting():
         if chosen == "triton":
             raise RuntimeError(f"Triton verify needs CUDA tensors (got {device}) or TRITON_INTERPRET=1 "
-                               "set before eagle_mm.kernels.triton_greedy is first imported")
+                               "set before the kernel module (eagle_mm.kernels.triton_*) is first imported")
         return "torch"
     if chosen == "auto" and device.type != "cuda":
         return "torch"  # the interpreter is for tests that ask for it, never picked on its own
@@ -74,11 +80,11 @@ def _resolve(backend: str | None, device: torch.device, width: int) -> str:
             raise ValueError(f"Triton verify holds at most {MAX_NODES} nodes per row, got max(N+1, D+1) = {width}")
         return "torch"
     try:
-        _triton_module()
+        load()
     except ImportError as err:
         if chosen == "triton":
             raise RuntimeError(f"Triton verify requested but the kernel module failed to import: {err}") from err
-        log.warning("Triton unavailable (%s); greedy verification uses the torch reference", err)
+        log.warning("Triton unavailable (%s); verification uses the torch reference", err)
         return "torch"
     return "triton"
 
@@ -102,3 +108,44 @@ def verify_greedy(logits: torch.Tensor, tree_tokens: torch.Tensor, parent: torch
         accept, best, bonus, path, _ = verify_greedy_reference(
             logits, tree_tokens.long(), parent.long(), depth.long(), max_depth, with_path=with_path)
     return (accept, best, bonus, path) if with_path else (accept, best, bonus)
+
+
+def _check_sampling(scores, q, tokens, parent, u, e) -> None:
+    if scores.dim() != 3:
+        raise ValueError(f"scores must be (B, N+1, V), got shape {tuple(scores.shape)}")
+    B, n, V = scores.shape
+    if n < 1 or V < 1:
+        raise ValueError(f"scores shape {tuple(scores.shape)} needs at least the root node and one token")
+    want = {"scores": (scores, (B, n, V)), "q": (q, (B, n, V)), "tokens": (tokens, (B, n)),
+            "parent": (parent, (B, n)), "u": (u, (B, n)), "e": (e, (B, V))}
+    for name, (t, shape) in want.items():
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} must be {shape}, from scores (B, N+1, V) = {(B, n, V)}")
+        if name in ("tokens", "parent"):
+            if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+                raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
+        elif t.dtype not in _LOGIT_DTYPES:
+            raise TypeError(f"{name} dtype {t.dtype} not supported; expected one of {_LOGIT_DTYPES}")
+        if t.device != scores.device:
+            raise ValueError(f"{name} is on {t.device} but scores on {scores.device}")
+
+
+def verify_sampling(scores: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor,
+                    u: torch.Tensor, e: torch.Tensor, *, backend: str | None = None):
+    """Recursive rejection sampling down a draft tree, given its noise (see `eagle_mm.sampling`).
+
+    scores (B, N+1, V): the target's processed logits after each node (p = softmax(scores), -inf =
+    masked); q (B, N+1, V): the draft distribution each node's children were drawn from; tokens,
+    parent (B, N+1) integer as in `eagle_mm.tree.Tree`; u (B, N+1) uniforms; e (B, V) Exp(1) noise.
+    Floating inputs fp16/bf16/fp32 (the kernel computes in fp32; fp32 inputs are not copied).
+    Returns int64 (B,) (accept_len, best, bonus). The torch reference is
+    ``rejection_walk(tokens, parent, softmax(scores.float(), -1), q, u, e)``; the Triton walk softmaxes
+    only the rows it visits and matches it up to last-bit rounding (triton_sampling's docstring). No host
+    sync; token and parent values are not checked (checking would read the device).
+    """
+    _check_sampling(scores, q, tokens, parent, u, e)
+    if _resolve(backend, scores.device, load=_sampling_module) == "triton":
+        return _sampling_module().rejection_walk_triton(tokens, parent, scores.float(), q.float(), u.float(),
+                                                        e.float())
+    from ..sampling import rejection_walk  # imported here: eagle_mm.sampling imports this package
+    return rejection_walk(tokens.long(), parent.long(), torch.softmax(scores.float(), -1), q, u, e)

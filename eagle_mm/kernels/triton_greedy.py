@@ -50,8 +50,22 @@ def _take(cur_val, cur_idx, val, idx, inb):
 
 
 @triton.jit
+def _step(base, start, lanes, hi, cur_val, cur_idx, BLOCK_V: tl.constexpr, UNROLL: tl.constexpr):
+    """Merge UNROLL chunks from ``start`` into the lanes' (max, first index)."""
+    idx = start + lanes
+    val = tl.load(base + idx, mask=idx < hi, other=float("-inf")).to(tl.float32)
+    if UNROLL == 2:  # both loads issued before either compare: two chunks in flight per program
+        idx2 = idx + BLOCK_V
+        val2 = tl.load(base + idx2, mask=idx2 < hi, other=float("-inf")).to(tl.float32)
+    cur_val, cur_idx = _take(cur_val, cur_idx, val, idx, idx < hi)
+    if UNROLL == 2:  # the later chunk second: a lane's indices still grow in merge order
+        cur_val, cur_idx = _take(cur_val, cur_idx, val2, idx2, idx2 < hi)
+    return cur_val, cur_idx
+
+
+@triton.jit
 def _slice_key(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n,
-               BLOCK_V: tl.constexpr, UNROLL: tl.constexpr):
+               BLOCK_V: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
     """Order key (int64 scalar) of logits[r // n_nodes, r % n_nodes, s*chunk : (s+1)*chunk]."""
     b = r // n_nodes
     node = r % n_nodes
@@ -63,15 +77,12 @@ def _slice_key(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n,
     # -inf values answer that index, as torch does.
     cur_val = tl.full((BLOCK_V,), float("-inf"), tl.float32)
     cur_idx = lo + lanes
-    for start in range(lo, hi, BLOCK_V * UNROLL):
-        idx = start + lanes
-        val = tl.load(base + idx, mask=idx < hi, other=float("-inf")).to(tl.float32)
-        if UNROLL == 2:  # both loads issued before either compare: two chunks in flight per program
-            idx2 = idx + BLOCK_V
-            val2 = tl.load(base + idx2, mask=idx2 < hi, other=float("-inf")).to(tl.float32)
-        cur_val, cur_idx = _take(cur_val, cur_idx, val, idx, idx < hi)
-        if UNROLL == 2:  # the later chunk second: a lane's indices still grow in merge order
-            cur_val, cur_idx = _take(cur_val, cur_idx, val2, idx2, idx2 < hi)
+    if STAGES > 1:  # Triton's software pipelining: later chunks' loads issued while this one is compared
+        for start in tl.range(lo, hi, BLOCK_V * UNROLL, num_stages=STAGES):
+            cur_val, cur_idx = _step(base, start, lanes, hi, cur_val, cur_idx, BLOCK_V, UNROLL)
+    else:
+        for start in range(lo, hi, BLOCK_V * UNROLL):
+            cur_val, cur_idx = _step(base, start, lanes, hi, cur_val, cur_idx, BLOCK_V, UNROLL)
     key = tl.where(cur_idx < hi, _order_key(cur_val, cur_idx), -9223372036854775807)
     return tl.max(key, axis=0)
 
@@ -80,7 +91,7 @@ def _slice_key(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n,
 def _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
           target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr,
           n_nodes, S, max_depth, stride_tok, stride_par, stride_dep,
-          BLOCK: tl.constexpr, WITH_PATH: tl.constexpr, VOLATILE: tl.constexpr):
+          BLOCK: tl.constexpr, S_TILE: tl.constexpr, WITH_PATH: tl.constexpr, VOLATILE: tl.constexpr):
     """Walk row b's tree; every vector below is (BLOCK,) >= max(N+1, D+1). VOLATILE: read the keys
     past L1, for the fused kernel, where other programs wrote them during this launch."""
     i = tl.arange(0, BLOCK)
@@ -88,9 +99,15 @@ def _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
     rows = b.to(tl.int64) * n_nodes + i  # row-node ids, as the argmax grid numbers them
 
     # Merge the splits of each node -> the target's argmax after each node (the order keys compose).
-    key = tl.load(part_key_ptr + rows * S, mask=live, other=0, volatile=VOLATILE)
-    for s in range(1, S):
-        key = tl.maximum(key, tl.load(part_key_ptr + rows * S + s, mask=live, other=0, volatile=VOLATILE))
+    # S_TILE splits per load, all issued at once: a loop of one dependent load per split costs the
+    # L2 latency S times over, which dominated small trees (docs/benchmarks.md).
+    cols = tl.arange(0, S_TILE)
+    key = tl.full((BLOCK,), -9223372036854775807, tl.int64)
+    for s0 in range(0, S, S_TILE):
+        tile = tl.load(part_key_ptr + rows[:, None] * S + (s0 + cols)[None, :],
+                       mask=live[:, None] & ((s0 + cols) < S)[None, :], other=-9223372036854775807,
+                       volatile=VOLATILE)  # (BLOCK, S_TILE)
+        key = tl.maximum(key, tl.max(tile, axis=1))
     target = 2147483647 - (key & 2147483647)  # (BLOCK,) int64: the index half of the key
     tl.store(target_ptr + rows, target, mask=live)
 
@@ -127,11 +144,11 @@ def _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
 
 @triton.jit
 def _argmax_partial(logits_ptr, part_key_ptr, n_nodes, V, chunk, stride_b, stride_n, S,
-                    BLOCK_V: tl.constexpr, UNROLL: tl.constexpr):
+                    BLOCK_V: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
     # grid (B * (N+1), S): program (row-node r, split s) -> part_key[r, s].
     r = tl.program_id(0)
     s = tl.program_id(1)
-    key = _slice_key(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, UNROLL)
+    key = _slice_key(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, UNROLL, STAGES)
     tl.store(part_key_ptr + r.to(tl.int64) * S + s, key)
 
 
@@ -139,22 +156,23 @@ def _argmax_partial(logits_ptr, part_key_ptr, n_nodes, V, chunk, stride_b, strid
 def _walk_tree(part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
                target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr,
                n_nodes, S, max_depth, stride_tok, stride_par, stride_dep,
-               BLOCK: tl.constexpr, WITH_PATH: tl.constexpr):
+               BLOCK: tl.constexpr, S_TILE: tl.constexpr, WITH_PATH: tl.constexpr):
     # grid (B,): one program walks one row's tree; the keys come from the previous launch.
     _walk(tl.program_id(0), part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
           target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr,
-          n_nodes, S, max_depth, stride_tok, stride_par, stride_dep, BLOCK, WITH_PATH, False)
+          n_nodes, S, max_depth, stride_tok, stride_par, stride_dep, BLOCK, S_TILE, WITH_PATH, False)
 
 
 @triton.jit
 def _argmax_walk(logits_ptr, part_key_ptr, count_ptr, tokens_ptr, parent_ptr, depth_ptr,
                  target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr,
                  n_nodes, V, chunk, stride_b, stride_n, S, max_depth, stride_tok, stride_par, stride_dep,
-                 BLOCK_V: tl.constexpr, UNROLL: tl.constexpr, BLOCK: tl.constexpr, WITH_PATH: tl.constexpr):
+                 BLOCK_V: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr, BLOCK: tl.constexpr,
+                 S_TILE: tl.constexpr, WITH_PATH: tl.constexpr):
     # grid (B * (N+1), S), as _argmax_partial; count_ptr: (>= B,) int32, all 0 on entry and on exit.
     r = tl.program_id(0)
     s = tl.program_id(1)
-    key = _slice_key(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, UNROLL)
+    key = _slice_key(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, UNROLL, STAGES)
     tl.store(part_key_ptr + r.to(tl.int64) * S + s, key)
     # The key store and the atomic may be issued by different threads: the barrier orders them inside
     # the CTA, and the atomic's release (cumulative in the PTX model) then publishes the key GPU-wide.
@@ -167,7 +185,7 @@ def _argmax_walk(logits_ptr, part_key_ptr, count_ptr, tokens_ptr, parent_ptr, de
     if ticket == n_nodes * S - 1:
         _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
               target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr,
-              n_nodes, S, max_depth, stride_tok, stride_par, stride_dep, BLOCK, WITH_PATH, True)
+              n_nodes, S, max_depth, stride_tok, stride_par, stride_dep, BLOCK, S_TILE, WITH_PATH, True)
         # Every ticket of row b is taken, so nobody else touches it in this launch: ready for the next
         # call (and for CUDA-graph replay, which never re-zeroes it).
         tl.store(count_ptr + b, 0)
@@ -186,6 +204,8 @@ def _pick_splits(rows: int, V: int, block_v: int, device: torch.device, programs
     want = -(-programs_per_sm * _sm_count(index) // rows)
     return max(1, min(want, -(-V // block_v), 64))
 
+
+_MERGE_TILE = 8192  # int64 keys per merge load in the walk (tests shrink it to run several tiles)
 
 # Fused-kernel ticket counters, one int32 per batch row, per device. Zeroed once when allocated (a
 # per-call torch.zeros would cost a memset launch); each call's walkers put them back to 0. One buffer
@@ -211,7 +231,8 @@ def _row_counters(device: torch.device, B: int) -> torch.Tensor:
 def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent: torch.Tensor,
                          depth: torch.Tensor, max_depth: int, *, with_path: bool = False,
                          splits: int | None = None, block_v: int | None = None, num_warps: int | None = None,
-                         programs_per_sm: int = 4, fused: bool = False, unroll: int = 1):
+                         programs_per_sm: int = 4, fused: bool = False, unroll: int = 1, stages: int = 1,
+                         walk_warps: int | None = None):
     """Triton greedy verification; see `eagle_mm.kernels.dispatch.verify_greedy` for the contract.
 
     Returns (accept_len, best, bonus, path or None, target) with target (B, N+1) the per-node argmax.
@@ -227,6 +248,8 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
                          f"{max(n_nodes, max_depth + 1)}")
     if unroll not in (1, 2):
         raise ValueError(f"unroll must be 1 or 2, got {unroll!r}")
+    if not isinstance(stages, int) or not 1 <= stages <= 8:
+        raise ValueError(f"stages must be an int in [1, 8], got {stages!r}")
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     tree_tokens, parent, depth = (t if t.stride(-1) == 1 else t.contiguous() for t in (tree_tokens, parent, depth))
@@ -243,17 +266,19 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
     part_key, target, accept, best, bonus, path = torch.split(buf, sizes)  # part_key: (B*(N+1), S) keys
     target, path = target.view(B, n_nodes), path.view(B, -1)
     block = triton.next_power_of_2(max(n_nodes, max_depth + 1))
+    s_tile = min(triton.next_power_of_2(S), max(1, _MERGE_TILE // block))  # (block, s_tile) keys per load
     outputs = (target, accept, best, bonus, path if with_path else best)  # a dummy path when unused
     walk_args = (n_nodes, S, max_depth, tree_tokens.stride(0), parent.stride(0), depth.stride(0))
     if fused:
         # The walk runs in the argmax's warps; it is only ~N+1 lanes of work, on one program per row.
         _argmax_walk[(B * n_nodes, S)](logits, part_key, _row_counters(logits.device, B), tree_tokens, parent,
                                        depth, *outputs, n_nodes, V, chunk, logits.stride(0), logits.stride(1), S,
-                                       *walk_args[2:], BLOCK_V=block_v, UNROLL=unroll, BLOCK=block,
-                                       WITH_PATH=with_path, num_warps=num_warps)
+                                       *walk_args[2:], BLOCK_V=block_v, UNROLL=unroll, STAGES=stages, BLOCK=block,
+                                       S_TILE=s_tile, WITH_PATH=with_path, num_warps=num_warps)
     else:
         _argmax_partial[(B * n_nodes, S)](logits, part_key, n_nodes, V, chunk, logits.stride(0), logits.stride(1),
-                                          S, BLOCK_V=block_v, UNROLL=unroll, num_warps=num_warps)
+                                          S, BLOCK_V=block_v, UNROLL=unroll, STAGES=stages, num_warps=num_warps)
         _walk_tree[(B,)](part_key, tree_tokens, parent, depth, *outputs, *walk_args,
-                         BLOCK=block, WITH_PATH=with_path, num_warps=4 if block <= 256 else 8)
+                         BLOCK=block, S_TILE=s_tile, WITH_PATH=with_path,
+                         num_warps=walk_warps or (4 if block <= 256 else 8))
     return accept, best, bonus, (path if with_path else None), target

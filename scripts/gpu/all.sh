@@ -13,10 +13,17 @@
 #     then the 8B forced-acceptance benchmark (bench_8b.py, as in speed.sh)                               <= 200 s
 #     then the kernel tests on the GPU (TRITON_INTERPRET=0: both verify kernels, bit-exact)               <= 60 s
 #     Its files are written straight into OUTDIR (no tar), so a call cut short keeps what was measured.
+#   bash scripts/gpu/all.sh OUTDIR 4   (2 GPUs; packed like plans 1 and 2)
+#     GPU 0: the GPU tests (both verify kernels, the static/compiled path), bench_verify.py (+ tilings at N=64,
+#            V=128k) and bench_verify_sampling.py                                                            <= 400 s
+#     GPU 1: bench_8b.py (with the per-phase cycle times and a profile), then the code-tiny benchmark        <= 560 s
+#   bash scripts/gpu/all.sh OUTDIR 5   (2 GPUs; packed like plans 1 and 2)
+#     first, alone: bench_8b.py without ours_eager                                                          <= 240 s
+#     then GPU 0: the GPU tests; GPU 1: the code-tiny benchmark                                              <= 300 s
 # The device tool brings back at most 8 files of 16 MiB, so plans 1 and 2 pack everything in OUTDIR.tar, cut into
 # 15 MB parts OUTDIR.tar.part-aa, -ab, ... (cat them back together).
 set -u
-OUT=${1:?usage: all.sh OUTDIR 1|2|3}; PLAN=${2:?usage: all.sh OUTDIR 1|2|3}
+OUT=${1:?usage: all.sh OUTDIR 1|2|3|4|5}; PLAN=${2:?usage: all.sh OUTDIR 1|2|3|4|5}
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/../.." || exit 1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -55,6 +62,37 @@ case "$PLAN" in
   timeout 60 python3 -m pytest -q -p no:cacheprovider -x tests/test_kernels.py >> "$OUT/tests_cuda.log" 2>&1
   log "test_kernels (GPU) rc=$?"
   exit 0
+  ;;
+4)
+  export TRITON_INTERPRET=0
+  (export CUDA_VISIBLE_DEVICES=0
+   timeout 120 python3 -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py tests/test_kernels_sampling.py \
+     tests/test_static.py > "$OUT/tests_gpu.log" 2>&1; log "GPU tests rc=$?"
+   timeout 100 python3 bench/bench_verify.py --out "$OUT/verify.json" > "$OUT/verify.log" 2>&1; log "bench_verify rc=$?"
+   timeout 120 python3 bench/bench_verify.py --tilings --nodes 64 --vocab 128256 --out "$OUT/verify_tilings.json" \
+     > "$OUT/verify_tilings.log" 2>&1; log "bench_verify --tilings rc=$?"
+   timeout 150 python3 bench/bench_verify_sampling.py --out "$OUT/verify_sampling.json" > "$OUT/verify_sampling.log" \
+     2>&1; log "bench_verify_sampling rc=$?") &
+  (export CUDA_VISIBLE_DEVICES=1
+   TORCH_LOGS=recompiles timeout 300 python3 bench/bench_8b.py --accept 1 2 3 4 5 --new-tokens 128 --profile \
+     --out "$OUT/bench_8b.json" > "$OUT/bench_8b.log" 2>&1; log "bench_8b rc=$?"
+   timeout 250 python3 bench/bench_code_tiny.py --device cuda --dtype float32 --prompts 8 --max-new-tokens 128 \
+     --modes greedy --methods generate generate_compiled eagle3_chain_compiled eagle3_tree_compiled eagle3_chain \
+     eagle3_tree eagle_chain eagle_tree prompt_lookup assisted \
+     --out "$OUT/code_tiny_h200.json" > "$OUT/code_tiny_h200.log" 2>&1; log "bench_code_tiny rc=$?") &
+  ;;
+5)
+  export TRITON_INTERPRET=0
+  CUDA_VISIBLE_DEVICES=1 TORCH_LOGS=recompiles timeout 240 python3 bench/bench_8b.py --accept 1 2 3 4 5 \
+    --new-tokens 128 --modes ceiling generate_eager ours_compiled generate_compiled verify_forward \
+    --out "$OUT/bench_8b.json" > "$OUT/bench_8b.log" 2>&1; log "bench_8b rc=$?"
+  (CUDA_VISIBLE_DEVICES=0 timeout 290 python3 -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py \
+     tests/test_kernels_sampling.py tests/test_static.py tests/test_stopping.py > "$OUT/tests_gpu.log" 2>&1
+   log "GPU tests rc=$?") &
+  (CUDA_VISIBLE_DEVICES=1 timeout 290 python3 bench/bench_code_tiny.py --device cuda --dtype float32 --prompts 8 \
+     --max-new-tokens 128 --modes greedy --methods generate generate_compiled eagle3_chain_compiled \
+     eagle3_tree_compiled eagle3_chain eagle3_tree eagle_chain eagle_tree prompt_lookup assisted \
+     --out "$OUT/code_tiny_h200.json" > "$OUT/code_tiny_h200.log" 2>&1; log "bench_code_tiny rc=$?") &
   ;;
 *) log "unknown plan $PLAN"; exit 2 ;;
 esac
