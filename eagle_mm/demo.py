@@ -54,6 +54,10 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
         "--kind", choices=("eagle", "eagle3"), default="eagle3",
         help="draft head: eagle (EAGLE-1/2) or eagle3 (EAGLE-3)",
     )
+    parser.add_argument("--compile", action="store_true",
+                        help="code model: decode with cache_implementation='static', compile=True (the cycle as "
+                             "three compiled graphs); the first call compiles, untimed: a minute or more on a "
+                             "2-core CPU the first time, less once inductor has cached its kernels")
     tree = parser.add_argument_group("draft tree (defaults: eagle_mm.TreeConfig)")
     tree.add_argument("--depth", type=_positive_int, default=None)
     tree.add_argument("--top-k", type=_positive_int, default=None)
@@ -71,6 +75,9 @@ def _run_demo(args: argparse.Namespace) -> int:
     # Imported here so `eagle-mm --help` stays fast.
     from . import zoo
 
+    if args.compile and (args.image is not None or args.random):
+        return _fail("--compile applies to the code reference model; the image demo (a VLM) and the random model "
+                     "decode on the dynamic cache: drop --compile")
     if args.image is not None:
         return _run_image_demo(args)
     if not args.random:
@@ -162,12 +169,18 @@ def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
     # The model's suggested tree for this device (small on a CPU) unless any tree option was given.
     tree = eagle_mm.TreeConfig(**given) if given else model.demo_tree()
     options = {"max_new_tokens": args.max_new_tokens, "do_sample": False}
-    # Untimed warm-up of both paths (allocator, kernels, lazy inits), so neither pays it in the timing.
-    eagle_mm.speculative_generate(target, head, **enc, **dict(options, max_new_tokens=8), tree=tree)
+    static = {"cache_implementation": "static", "compile": True} if args.compile else {}
+    if static:
+        print("compiling the static decode path (untimed; a minute or more on a 2-core CPU the first time, less once "
+              "inductor has cached its kernels) ...", flush=True)
+    # Untimed warm-up of both paths (allocator, kernels, lazy inits, the compile), so neither pays it in the timing.
+    # The static path warms up at the full length: its cache length, and so its graphs, follow max_new_tokens.
+    warm = options if static else dict(options, max_new_tokens=8)
+    eagle_mm.speculative_generate(target, head, **enc, **warm, tree=tree, **static)
     target.generate(**enc, **dict(options, max_new_tokens=8))
     reference, generate_s = timed(target.device, lambda: target.generate(**enc, **options))
     out, speculative_s = timed(target.device, lambda: eagle_mm.speculative_generate(
-        target, head, **enc, **options, tree=tree, return_dict_in_generate=True))
+        target, head, **enc, **options, tree=tree, return_dict_in_generate=True, **static))
 
     info = model.manifest.get("target", {})
     shape = info.get("config", {}).get("shape", {})
@@ -175,13 +188,18 @@ def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
     print(f"target: {model.name} from {path} ({shape.get('num_layers')} layers, hidden {shape.get('hidden_size')},"
           f"{toy} validation perplexity {info.get('val_perplexity', float('nan')):.2f}), head: "
           f"{type(head).__name__} (trained), {target.device}, {target.dtype}")
-    print(f"tree: depth={tree.depth}, top_k={tree.top_k}, total_tokens={tree.total_tokens}")
+    print(f"tree: depth={tree.depth}, top_k={tree.top_k}, total_tokens={tree.total_tokens}"
+          f"{', static cache, compiled' if static else ''}")
     print(f"prompt ({prompt_length} tokens):")
     print(prompt, end="" if prompt.endswith("\n") else "\n")
     print(f"completion ({out.sequences.shape[1] - prompt_length} tokens):")
     print(tokenizer.decode(out.sequences[0, prompt_length:], skip_special_tokens=True))
     print("---")
-    return 0 if _print_demo_result(reference, out, prompt_length, generate_s, speculative_s) else 1
+    identical = _print_demo_result(reference, out, prompt_length, generate_s, speculative_s)
+    if not static and target.device.type == "cpu" and speculative_s > generate_s:
+        print("note: on a CPU the eager loop's per-step overhead is about what a model this small saves; "
+              "`eagle-mm demo --compile` times the compiled static path (docs/benchmarks.md)")
+    return 0 if identical else 1
 
 
 def _run_random_demo(args: argparse.Namespace) -> int:

@@ -23,6 +23,19 @@ def test_demo_speculative_matches_generate(capsys):
     assert "target forwards:" in out
 
 
+def test_demo_compiled_matches_generate(capsys):
+    status = main(["demo", "--max-new-tokens", "8", "--compile"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "static cache, compiled" in out and "identical: True" in out
+
+
+@pytest.mark.parametrize("extra", (["--random"], ["--image"]))
+def test_demo_compile_is_for_the_code_model(capsys, extra):
+    assert main(["demo", "--compile", *extra]) == 2
+    assert "--compile applies to the code reference model" in capsys.readouterr().err
+
+
 def test_demo_rejects_nonpositive_tokens(capsys):
     with pytest.raises(SystemExit) as excinfo:
         main(["demo", "--max-new-tokens", "0"])
