@@ -78,8 +78,9 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | str | N
     preallocated HF ``StaticLayer`` cache and fixed shapes, so that a cycle runs as three compiled graphs (draft,
     verify, update: ``eagle_mm/static_cycle.py``). ``compile`` (static only): None compiles on CUDA with
     mode "reduce-overhead" (CUDA graphs), as ``generate`` does with a static cache; True compiles on any device
-    (CUDA graphs on CUDA, mode "default" elsewhere); False never; or a ``torch.compile`` mode name. The first call compiles (slow); later calls with the same
-    batch size and a cache of the same rounded length reuse the graphs. Tokens equal the dynamic path's.
+    (CUDA graphs on CUDA, mode "default" elsewhere); False never; or a ``torch.compile`` mode name. The first
+    call compiles (slow); later calls with the same batch size and a cache of the same rounded length reuse the
+    graphs. Tokens equal the dynamic path's.
     """
     if "custom_generate" in kwargs:
         raise ValueError("speculative_generate sets custom_generate itself; do not pass it")

@@ -19,7 +19,9 @@ class SumIs(StoppingCriteria):
 
     def __call__(self, input_ids, scores, **kwargs):
         self.calls += 1
-        return (input_ids[:, -2:].sum(-1) == self.total) if input_ids.shape[1] >= 2 else torch.zeros(1, dtype=torch.bool)
+        if input_ids.shape[1] < 2:
+            return torch.zeros(1, dtype=torch.bool)
+        return input_ids[:, -2:].sum(-1) == self.total
 
 
 def per_token(criteria, seq, start):
