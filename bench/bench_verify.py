@@ -38,8 +38,9 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def make_tree(B: int, n: int, V: int, max_depth: int, gen: torch.Generator):
-    """Random tree of n nodes (root included), depth <= max_depth, with one planted accepted path."""
+def random_tree(B: int, n: int, max_depth: int, gen: torch.Generator):
+    """parent, depth (B, n) of random trees of n nodes (root included), depth <= max_depth; each node hangs
+    below one of the 4 newest nodes that may still grow, so the trees get deep."""
     parent = torch.zeros(B, n, dtype=torch.long)
     depth = torch.zeros(B, n, dtype=torch.long)
     for b in range(B):
@@ -47,6 +48,12 @@ def make_tree(B: int, n: int, V: int, max_depth: int, gen: torch.Generator):
             ok = (depth[b, :i] < max_depth).nonzero().flatten()
             p = ok[torch.randint(max(0, len(ok) - 4), len(ok), (1,), generator=gen)].item()
             parent[b, i], depth[b, i] = p, depth[b, p] + 1
+    return parent, depth
+
+
+def make_tree(B: int, n: int, V: int, max_depth: int, gen: torch.Generator):
+    """Random tree of n nodes (root included), depth <= max_depth, with one planted accepted path."""
+    parent, depth = random_tree(B, n, max_depth, gen)
     tokens = torch.randint(0, V, (B, n), generator=gen)
     logits = torch.randn(B, n, V, generator=gen)
     for b in range(B):

@@ -25,10 +25,14 @@ import argparse
 import functools
 import itertools
 import json
+import os
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_verify import gpu_us, random_tree  # noqa: E402
 
 DEVICE = "cuda"
 
@@ -51,13 +55,7 @@ def parse_args(argv=None):
 def make_case(B: int, n: int, V: int, max_depth: int, gen: torch.Generator):
     """tokens, parent (B, n) on the CPU; scores, q (B, n, V) fp32 on the GPU. One root-to-leaf path per row
     is planted as its parents' likely tokens (logit 15: p ~ 0.9 even at V = 152k)."""
-    parent = torch.zeros(B, n, dtype=torch.long)
-    depth = torch.zeros(B, n, dtype=torch.long)
-    for b in range(B):
-        for i in range(1, n):
-            ok = (depth[b, :i] < max_depth).nonzero().flatten()
-            p = ok[torch.randint(max(0, len(ok) - 4), len(ok), (1,), generator=gen)].item()
-            parent[b, i], depth[b, i] = p, depth[b, p] + 1
+    parent, _ = random_tree(B, n, max_depth, gen)
     tokens = torch.randint(0, V, (B, n), generator=gen)
     dev_gen = torch.Generator(DEVICE).manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
     scores = torch.randn(B, n, V, device=DEVICE, generator=dev_gen)  # (B, n, V)
@@ -73,33 +71,10 @@ def make_case(B: int, n: int, V: int, max_depth: int, gen: torch.Generator):
 
 
 def noise(B: int, n: int, V: int, seed: int):
-    """u (B, n), e (B, V) drawn as eagle_mm.sampling draws them, from a seeded generator."""
-    gen = torch.Generator(DEVICE).manual_seed(seed)
-    u = torch.rand(B, n, generator=gen, device=DEVICE)
-    e = torch.empty(B, V, device=DEVICE).exponential_(generator=gen)
-    return u, e
+    """u (B, n), e (B, V) drawn as speculative decoding draws them (eagle_mm.sampling), from a seeded generator."""
+    from eagle_mm.sampling import _noise  # here: the no-CUDA exit needs no package import
 
-
-def gpu_us(fn, inputs: list, replays: int) -> float:
-    """Device time per call: one CUDA graph calls fn on each input set in turn, replayed ``replays`` times."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for args in inputs[:2]:  # warm up (compile, allocator) outside the capture
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for args in inputs:
-            fn(*args)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * len(inputs))
+    return _noise(B, n, V, torch.device(DEVICE), torch.Generator(DEVICE).manual_seed(seed))
 
 
 def eager_us(fn, args, seconds: float = 0.4, max_calls: int = 200) -> float:

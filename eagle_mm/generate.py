@@ -28,7 +28,7 @@ from .multimodal import (PREFILL_INPUTS, check_images, hide_image_features, imag
 from .options import check_generation_config, pad_id, split_model_inputs
 from .outputs import SpeculativeOutput, SpeculativeStats
 from .processing import process_tree_logits, reads_input_ids
-from .sampling import tree_rejection_sample, tree_rejection_sample_scores
+from .sampling import tree_rejection_sample_scores
 from .static import StaticTarget, cache_length, compiled, resolve_static_options, static_kinds
 from .static_cycle import StaticCycle
 from .stopping import first_stop
@@ -322,10 +322,9 @@ def _cycle(model, head, cap, state: DecodeState, kinds, tree_cfg: TreeConfig, ge
                                                       with_path=True)
     else:
         scores = process_tree_logits(processors, rows, tree, target_logits, D)  # (B, N+1, V) fp32
-        if scores.is_cuda:  # the Triton walk (kernels.verify_sampling) softmaxes only the rows it visits
-            accept_len, best, bonus = tree_rejection_sample_scores(tree, scores, q_nodes, generator)
-        else:  # off CUDA the dispatch picks this torch walk anyway; called directly (tests swap it for a wrong rule)
-            accept_len, best, bonus = tree_rejection_sample(tree, torch.softmax(scores, -1), q_nodes, generator)
+        # Rejection sampling from the processed logits (kernels.verify_sampling: on CUDA the Triton walk, which
+        # softmaxes only the rows it visits; elsewhere the torch walk).
+        accept_len, best, bonus = tree_rejection_sample_scores(tree, scores, q_nodes, generator)
         path = path_indices(tree, best, D)  # (B, D+1)
     bonus = bonus[:, None]  # (B, 1)
     if state.fast is not None:

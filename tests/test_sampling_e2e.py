@@ -118,7 +118,10 @@ def test_wrong_rule_is_detected(monkeypatch):
     head = em.Eagle3Head.from_target(model, aux_layers=(0, 2, 4))
     temperature, top_k, top_p = SETTINGS[0]
     exact = _exact(model, _warpers(temperature, top_k, top_p))
-    monkeypatch.setattr(gen_mod, "tree_rejection_sample", _wrong_rule)
+    def wrong(tree, scores, q, generator=None):
+        return _wrong_rule(tree, torch.softmax(scores, -1), q, generator)
+
+    monkeypatch.setattr(gen_mod, "tree_rejection_sample_scores", wrong)
     counts = _sample_counts(model, head, TREES[1], temperature, top_k, top_p)
     assert _chi2_z(counts, exact, N) > 10
 
