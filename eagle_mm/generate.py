@@ -307,13 +307,13 @@ def _cycle(model, head, cap, state: DecodeState, kinds, tree_cfg: TreeConfig, ge
     # Verify: root + N nodes in one target forward with the tree mask.
     positions = verify_positions(q_pos, state.rope_offsets)
     if state.target is not None:
-        target_logits = state.target.verify(tree.tokens, q_pos, tree.parent, D, positions)  # (B, N+1, V)
+        target_logits, feats = state.target.verify(cap, tree.tokens, q_pos, tree.parent, D, positions)  # (B, N+1, V|F)
     else:
         masks = build_masks(kinds, state.slots, q_pos, ancestors(tree.parent, D), model.dtype)
         snap = CacheSnapshot(state.cache, tree.size)
         target_logits = model(input_ids=tree.tokens, attention_mask=masks, position_ids=positions,
                               **{cache_kwarg(model): state.cache}, use_cache=True).logits
-    feats = cap.features()  # (B, N+1, F)
+        feats = cap.features()  # (B, N+1, F)
     rows = [state.row(b) for b in range(len(state.prompt))] if reads_input_ids(processors) else []
     if sampler is None:
         # Greedy: argmax at every node, matched against each child (fused Triton kernel on CUDA).

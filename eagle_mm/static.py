@@ -5,7 +5,7 @@ With ``cache_implementation="static"`` every cycle runs the same shapes: the tre
 ``StaticCache``-style list of ``StaticLayer`` of a fixed length L, the verify mask is (B, 1, Q, L), the
 kept path is always written as D+1 slots (the ones past the accepted length are padding that the next
 cycle overwrites), and the head's cache is a fixed buffer with scratch slots for the draft steps. A cycle
-is then three compiled graphs (``torch.compile(mode="reduce-overhead")``: CUDA graphs): the draft
+is then three compiled functions, each replayed as one CUDA graph on CUDA (``graphs.OwnGraph``): the draft
 (``static_cycle.draft_step``), the verify forward here, and the update (``static_cycle.update_step``).
 
 Slots: ``StaticTarget.pos`` (B, L) holds the token position in each cache slot, -1 where empty. The
@@ -25,6 +25,7 @@ import torch
 
 from .cache import LayerKind
 from .compat import cache_kwarg
+from .graphs import OwnGraph
 from .tree import ancestors
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ __all__ = ["CACHE_IMPLEMENTATIONS", "resolve_static_options", "static_kinds", "s
 
 CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# The decode cycle's graphs are our own (graphs.OwnGraph) rather than inductor's graph trees; False is kept for
+# comparing the two (bench/bench_8b.py --graph-trees).
+OWN_GRAPHS = True
 _SLOT_ROUND = 128  # cache lengths are rounded up so that repeated calls reuse one cache and one graph
 
 
@@ -115,26 +119,38 @@ _CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def compiled(owner, name: str, fn, mode: str, *, fullgraph: bool = False):
+def compiled(owner, name: str, fn, mode: str, *, fullgraph: bool = False, own_graphs: bool = False,
+             unkeyed: tuple[int, ...] = ()):
     """``torch.compile(fn, mode=mode, dynamic=False, fullgraph=fullgraph)``, built once per (owner, name, mode).
 
-    With CUDA graphs ("reduce-overhead", "max-autotune") every call first marks a new step: the caller has
-    consumed the outputs of the previous call (copied, gathered or reduced them), so the graphs may reuse their
-    memory. Inductor quietly runs a graph without CUDA graphs when it cannot capture it, e.g. when the graph
-    writes into an input whose address is not static (``mark_static_address``): its skip counter is watched
-    here, so that such a graph warns instead of just running slower.
+    With CUDA graphs ("reduce-overhead", "max-autotune") and ``own_graphs=False``, inductor's CUDA graph trees run
+    it: every call first marks a new step (the caller has consumed the outputs of the previous call, so the
+    graphs may reuse their memory). Inductor quietly runs a graph without CUDA graphs when it cannot capture it,
+    e.g. when the graph writes into an input whose address is not static (``mark_static_address``): its skip
+    counter is watched here, so that such a graph warns instead of just running slower.
+
+    ``own_graphs=True`` (the decode cycle's three functions): the function is compiled without CUDA graphs and
+    captured in one ``torch.cuda.CUDAGraph`` per input signature by ``graphs.OwnGraph``: launching the 8B verify
+    that way takes 0.2 ms of host time, against 1.0 ms for a graph-tree call (guards, input checks, output
+    rebuilding; bench/results/bench_8b_owngraphs_h200_2026-11-30.json). ``unkeyed``: positional arguments the
+    captured graph does not depend on (not part of the signature).
     """
     table = _COMPILED.setdefault(owner, {})
-    key = (name, mode)
+    key = (name, mode, own_graphs)
     if key not in table:
         logger.debug("compiling %s of %s (mode=%s)", name, type(owner).__name__, mode)
-        inner = torch.compile(fn, mode=mode, dynamic=False, fullgraph=fullgraph)
         graphs = mode in _CUDA_GRAPH_MODES
-        table[key] = _with_cudagraphs(inner, f"{name} of {type(owner).__name__}") if graphs else inner
+        if graphs and own_graphs:
+            inner = torch.compile(fn, mode=_NO_GRAPHS[mode], dynamic=False, fullgraph=fullgraph)
+            table[key] = OwnGraph(inner, f"{name} of {type(owner).__name__}", unkeyed)
+        else:
+            inner = torch.compile(fn, mode=mode, dynamic=False, fullgraph=fullgraph)
+            table[key] = _with_cudagraphs(inner, f"{name} of {type(owner).__name__}") if graphs else inner
     return table[key]
 
 
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+_NO_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 
 def _with_cudagraphs(inner, what: str):
@@ -190,7 +206,11 @@ class StaticTarget:
         self.length = self.cache.layers[0].max_cache_len
         self.cur = 0  # on the host, for the room checks; the update graph keeps its own copy on the device
         self.pos: torch.Tensor | None = None  # (B, L)
-        self._verify = compiled(model, "verify", _verify_forward, mode) if mode else _verify_forward
+        self._verify = (compiled(model, "verify", _verify_forward, mode, own_graphs=OWN_GRAPHS, unkeyed=(4,))
+                        if mode else _verify_forward)
+        # Inductor's graph trees free a graph's outputs when the next graph runs, and the update graph reads the
+        # features: they are copied out first (eagle_mm's own graphs keep them until the verify runs again).
+        self._copy_feats = mode in _CUDA_GRAPH_MODES and not OWN_GRAPHS
 
     def prefilled(self, slot_pos: torch.Tensor) -> None:
         """After the prefill forward over T prompt slots: their positions (B, T), -1 for padding."""
@@ -204,15 +224,17 @@ class StaticTarget:
         pos[:, :T] = slot_pos
         self.pos, self.cur = pos, T
 
-    def verify(self, tokens: torch.Tensor, q_pos: torch.Tensor, parent: torch.Tensor, depth: int,
-               position_ids: torch.Tensor) -> torch.Tensor:
-        """Target logits (B, Q, V) at the Q tree nodes, written to slots [cur, cur+Q)."""
+    def verify(self, cap, tokens: torch.Tensor, q_pos: torch.Tensor, parent: torch.Tensor, depth: int,
+               position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target logits (B, Q, V) and features (B, Q, F) (``cap``'s) at the Q tree nodes, written to slots
+        [cur, cur+Q)."""
         Q = tokens.shape[1]
         if self.cur + Q > self.length:
             raise RuntimeError(f"static cache of {self.length} slots is full ({self.cur} used, a tree needs {Q})")
         write = torch.arange(self.cur, self.cur + Q, device=tokens.device)
-        return self._verify(self.model, self.cache, self.kinds, self._cache_kwarg, tokens, q_pos, parent, self.pos,
-                            write, position_ids, depth)
+        logits, feats = self._verify(self.model, self.cache, self.kinds, self._cache_kwarg, cap, tokens, q_pos,
+                                     parent, self.pos, write, position_ids, depth)
+        return logits, feats.clone() if self._copy_feats else feats
 
     def layers(self) -> tuple[list, list, list]:
         """Keys, values and write pointers (``cumulative_length``) of the initialized layers."""
@@ -220,13 +242,15 @@ class StaticTarget:
         return [la.keys for la in layers], [la.values for la in layers], [la.cumulative_length for la in layers]
 
 
-def _verify_forward(model, cache, kinds, kwarg: str, tokens, q_pos, parent, slot_pos, write, position_ids,
+def _verify_forward(model, cache, kinds, kwarg: str, cap, tokens, q_pos, parent, slot_pos, write, position_ids,
                     depth: int):
-    """The verify step as one function of tensors (mask building included), so that it compiles whole."""
+    """The verify step as one function of tensors (mask building included), so that it compiles whole. Returns
+    the logits and ``cap``'s features: a replayed CUDA graph runs no hooks, so the features are outputs."""
     anc = ancestors(parent, depth)  # (B, Q, Q)
     masks = static_masks(kinds, slot_pos, q_pos, anc, write, model.dtype)
-    return model(input_ids=tokens, attention_mask=masks, position_ids=position_ids, **{kwarg: cache},
-                 use_cache=True).logits
+    logits = model(input_ids=tokens, attention_mask=masks, position_ids=position_ids, **{kwarg: cache},
+                   use_cache=True).logits
+    return logits, cap.features()
 
 
 def keep_slots(keys: list, values: list, lengths: list, src: torch.Tensor, dst: torch.Tensor,

@@ -11,14 +11,16 @@ With ``cache_implementation="static"`` a cycle runs
 Launched op by op from Python, the draft and the update are ~900 aten calls per cycle (depth 5, top-k 8, views
 included), which cost more host time than the verify's GPU time on an 8B target
 (bench/results/bench_8b_h200_2026-11-29.json: 14-15 ms per cycle around a 7.5 ms verify); compiled with
-``mode="reduce-overhead"`` each function is one CUDA-graph replay.
+``mode="reduce-overhead"`` each function is one CUDA-graph replay (``graphs.OwnGraph``).
 
 Everything the functions carry from one cycle to the next lives in ``CycleBuffers``: allocated once per
 (head, shape), reused by later calls, and marked as static addresses. That is what lets a CUDA graph write
-them in place: inductor runs a graph that mutates an input of unmarked address without CUDA graphs ("skipping
-cudagraphs due to mutated inputs"), which ``static.compiled`` turns into a warning. No output of one graph is
-read after the next graph runs (CUDA graphs reuse that memory): the draft returns nothing, its tree lives in
-the buffers, and the update's one output is read right away. The functions take tensors and per-call
+them in place: ``OwnGraph`` copies every unmarked argument into the graph's own buffer (a write to it would
+be lost), and inductor's graph trees run a graph that mutates an input of unmarked address without CUDA
+graphs ("skipping cudagraphs due to mutated inputs"), which ``static.compiled`` turns into a warning. No
+output of a graph is read after that graph runs again (its memory is reused): the draft returns nothing, its
+tree lives in the buffers, the verify's logits and features are read before the next verify, and the
+update's one output is read right away. The functions take tensors and per-call
 constants (top_k, depth, total) only, so they compile once and replay every cycle and every call of the same
 shapes. Sampling mode drafts on the eager path (its Gumbel draws take a ``torch.Generator``, which dynamo does
 not trace) with the compiled head step, and shares ``update_step``.
@@ -32,6 +34,7 @@ import torch
 
 from .config import TreeConfig
 from .draft import HeadCache, draft_candidates, head_entries
+from . import static
 from .static import StaticTarget, compiled, keep_slots
 from .tree import Tree, select_tree
 
@@ -83,8 +86,9 @@ class StaticCycle:
 
     def __init__(self, head, target: StaticTarget, tree: TreeConfig, mode: str | None):
         self.head, self.target, self.tree = head, target, tree
-        self._draft = compiled(head, "draft", draft_step, mode, fullgraph=True) if mode else draft_step
-        self._update = compiled(head, "update", update_step, mode, fullgraph=True) if mode else update_step
+        graphs = dict(fullgraph=True, own_graphs=static.OWN_GRAPHS)
+        self._draft = compiled(head, "draft", draft_step, mode, **graphs) if mode else draft_step
+        self._update = compiled(head, "update", update_step, mode, **graphs) if mode else update_step
         self.buf: CycleBuffers | None = None
         self.head_cache: HeadCache | None = None
         self._next: tuple[Tree, torch.Tensor] | None = None  # the next cycle's draft, launched ahead by ``read``

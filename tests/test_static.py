@@ -147,7 +147,7 @@ def _recording_compiled(seen: dict):
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    def make(owner, name, fn, mode, *, fullgraph=False):
+    def make(owner, name, fn, mode, *, fullgraph=False, **_graph_options):
         def fw(gm, example_inputs):
             meta = torch._guards.TracingContext.get().fw_metadata
             mutated = {i for i, info in enumerate(meta.input_info) if info.mutates_data}
@@ -208,8 +208,12 @@ def test_cudagraph_skip_warns(caplog):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled path (CUDA graphs) needs a CUDA GPU")
+@pytest.mark.parametrize("own_graphs", [True, False], ids=["own-graphs", "graph-trees"])
 @pytest.mark.parametrize("tree", [CHAIN, TREE], ids=["chain", "tree"])
-def test_compiled_equals_eager_cuda(tree):
+def test_compiled_equals_eager_cuda(tree, own_graphs, monkeypatch):
+    import eagle_mm.static as st
+
+    monkeypatch.setattr(st, "OWN_GRAPHS", own_graphs)
     model = tiny_model("llama").cuda()
     ids = prompt(10, batch=1).cuda()
     mask = torch.ones_like(ids)
@@ -226,3 +230,18 @@ def test_compiled_equals_eager_cuda(tree):
         assert torch.equal(out.sequences, eager.sequences)
         assert out.stats.accept_counts == eager.stats.accept_counts
     assert torch.equal(eager.sequences, ref[:, : eager.sequences.shape[1]])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled path (CUDA graphs) needs a CUDA GPU")
+def test_compiled_sampling_cuda():
+    """Sampling on the compiled path: the draft stays eager, the verify and update replay CUDA graphs. The same
+    generator seed gives the eager path's tokens, at the first compiled call (warm-up and capture) and at the
+    second (replays only)."""
+    model = tiny_model("llama").cuda()
+    ids = prompt(10, batch=1).cuda()
+    head = em.Eagle3Head.from_target(model).cuda()
+    outs = [em.speculative_generate(model, head, ids, max_new_tokens=24, do_sample=True, tree=TREE,
+                                    generator=torch.Generator("cuda").manual_seed(5), cache_implementation="static",
+                                    compile=c) for c in (False, True, True)]
+    assert outs[0].shape == (1, 34)
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])

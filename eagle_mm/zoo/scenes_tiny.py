@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 
 from . import scenes_data as sd
-from .code_tiny import HeadTraining, _device, _files, _versions, apply_overrides, train_head
+from .code_tiny import _device, _files, _versions, apply_overrides
+from .head_training import HeadTraining, train_head
 from .scenes_vlm import (VLMShape, VLMTraining, evaluate_tasks, make_model, make_processor, pretrain_vlm,
                          render_pool, train_tokenizer)
 

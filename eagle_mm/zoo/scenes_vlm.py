@@ -72,10 +72,12 @@ class VLMTraining:
     """Training the VLM from scratch. The learning-rate schedule runs on ``max(step / max_steps, elapsed /
     max_seconds)``: whichever runs out first ends a complete warm-up-then-cosine schedule."""
 
-    scenes: int = 48_000  # distinct training scenes rendered once (each step draws a new question about one)
-    batch_size: int = 256
-    max_steps: int = 6000
-    max_seconds: float | None = 320.0
+    # Distinct training scenes rendered once (each step draws a new question about one). 48k scenes seen ~23 times
+    # each fitted the training set (loss 0.13) but left relation questions at chance on validation scenes.
+    scenes: int = 200_000
+    batch_size: int = 384
+    max_steps: int = 8000
+    max_seconds: float | None = 330.0
     lr: float = 2e-3
     warmup: float = 0.03  # fraction of the schedule
     min_lr_ratio: float = 0.05

@@ -1,0 +1,153 @@
+"""Our own CUDA graphs around a compiled function: one ``torch.cuda.CUDAGraph`` per input signature.
+
+Why not inductor's CUDA graph trees (``torch.compile(mode="reduce-overhead")``): every call of a graph-tree
+function runs dynamo's guards, checks the static inputs, copies the others and rebuilds the outputs in Python.
+For the 8B verify forward that was 1.0 ms of host time per call, which the decode cycle waited for; launched
+from here it takes 0.2 ms, and the cycle 6.7 ms instead of 7.2 (bench/results/bench_8b_owngraphs_h200_2026-11-30.json).
+A replay is a dict lookup, one ``copy_`` per argument tensor whose address changed, and ``graph.replay()``.
+
+The contract, the same as the graph trees':
+- Tensors marked with ``torch._dynamo.mark_static_address`` (and parameters) are used in place: the graph is
+  bound to their address, which is part of the signature, so a new buffer gets a new graph. Every tensor the
+  function writes in place must be marked: other argument tensors are copied into buffers the graph owns, so a
+  write to them would be lost.
+- The outputs are the graph's own memory, rewritten by its next replay: read them before calling again.
+- Python side effects run only when the function really runs: at the first call of a signature (the warm-up,
+  which compiles it) and at the capture (the second). Replays run kernels only, so the function must return
+  everything the caller needs.
+Objects that are not tensors are part of the signature: plain values (and frozen dataclasses) by value, any other
+object by identity, checked through a weak reference so that a new object at a dead one's address is not taken
+for it. ``unkeyed`` positions are left out of the signature and passed as they are: the graph must not depend
+on them, and they must hold no tensors.
+"""
+from __future__ import annotations
+
+import logging
+import weakref
+from collections import OrderedDict
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["OwnGraph"]
+
+_MAX_GRAPHS = 8  # signatures kept per function; the oldest graph (and its memory pool) is dropped first
+_VALUES = (bool, int, float, str, torch.dtype, torch.device, type(None))
+
+
+def _is_static(t: torch.Tensor) -> bool:
+    return isinstance(t, torch.nn.Parameter) or getattr(t, "_dynamo_static_input_type", None) is not None
+
+
+def _by_value(x) -> bool:
+    return isinstance(x, _VALUES) or (getattr(type(x), "__dataclass_params__", None) is not None
+                                      and type(x).__dataclass_params__.frozen)
+
+
+class _Signature:
+    """The signature of one call: a hashable key, weak references to the objects it holds by identity, and the
+    call's transient tensors (those copied into the graph's buffers), in traversal order."""
+
+    def __init__(self, args: tuple, unkeyed: frozenset):
+        self.refs: list = []
+        self.transient: list[torch.Tensor] = []
+        self._first: dict[int, int] = {}  # id of a transient tensor -> its index, for aliases (dynamo guards on them)
+        self.key = tuple(None if i in unkeyed else self._part(a) for i, a in enumerate(args))
+
+    def _part(self, x):
+        if isinstance(x, torch.Tensor):
+            static = _is_static(x)
+            if not static:
+                if id(x) in self._first:  # the same tensor again: one buffer, as the function saw one tensor
+                    return ("alias", self._first[id(x)])
+                self._first[id(x)] = len(self.transient)
+                self.transient.append(x)
+            return ("t", tuple(x.shape), x.stride(), x.dtype, x.device, x.data_ptr() if static else None)
+        if isinstance(x, (list, tuple)):
+            return (type(x).__name__, tuple(self._part(v) for v in x))
+        if _by_value(x):
+            return x
+        self.refs.append(weakref.ref(x))
+        return ("id", id(x))
+
+
+class _Captured:
+    def __init__(self, graph: torch.cuda.CUDAGraph, out, buffers: list[torch.Tensor], refs: list):
+        self.graph, self.out, self.buffers, self.refs = graph, out, buffers, refs
+
+
+class OwnGraph:
+    """``OwnGraph(torch.compile(fn, mode="default"), "what")(*args)``: runs ``fn`` at the first call of each
+    signature, captures it at the second, replays the capture from then on (CUDA tensors only; a call without any
+    CUDA tensor argument just runs the compiled function)."""
+
+    def __init__(self, inner, what: str, unkeyed: tuple[int, ...] = ()):
+        self.inner, self.what, self.unkeyed = inner, what, frozenset(unkeyed)
+        self._graphs: OrderedDict = OrderedDict()  # key -> _Captured, or a list of refs after the warm-up call
+        self.captures = 0  # graphs captured so far (tests read it)
+
+    def __call__(self, *args):
+        sig = _Signature(args, self.unkeyed)
+        device = next((t.device for t in _tensors(args) if t.is_cuda), None)
+        if device is None:
+            return self.inner(*args)
+        with torch.cuda.device(device):  # capture and replay on the arguments' GPU, whichever is current
+            return self._call(args, sig)
+
+    def _call(self, args: tuple, sig: _Signature):
+        entry = self._graphs.get(sig.key)
+        if entry is not None and not _alive(entry.refs if isinstance(entry, _Captured) else entry, sig.refs):
+            del self._graphs[sig.key]  # an object it was keyed on died; this one merely reuses its id
+            entry = None
+        if entry is None:  # first call: compile and run (the warm-up); capture at the next call
+            self._graphs[sig.key] = sig.refs
+            self._graphs.move_to_end(sig.key)
+            while len(self._graphs) > _MAX_GRAPHS:
+                self._graphs.popitem(last=False)
+            return self.inner(*args)
+        self._graphs.move_to_end(sig.key)
+        if isinstance(entry, _Captured):
+            for src, dst in zip(sig.transient, entry.buffers):
+                if src.data_ptr() != dst.data_ptr():
+                    dst.copy_(src)
+        else:
+            entry = self._graphs[sig.key] = self._capture(args, sig)
+        entry.graph.replay()
+        return entry.out
+
+    def _capture(self, args: tuple, sig: _Signature) -> _Captured:
+        buffers: list[torch.Tensor] = []
+        clones: dict[int, torch.Tensor] = {}
+
+        def own(x):  # the transient tensors, cloned into buffers the graph reads from (same traversal order)
+            if isinstance(x, torch.Tensor):
+                if _is_static(x):
+                    return x
+                if id(x) not in clones:  # an alias stays an alias: else dynamo's guards fail and it recompiles
+                    clones[id(x)] = x.clone()
+                    buffers.append(clones[id(x)])
+                return clones[id(x)]
+            if isinstance(x, (list, tuple)):
+                return type(x)(own(v) for v in x)
+            return x
+
+        owned = tuple(a if i in self.unkeyed else own(a) for i, a in enumerate(args))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self.inner(*owned)
+        self.captures += 1
+        logger.debug("captured a CUDA graph of the %s (%d so far)", self.what, self.captures)
+        return _Captured(graph, out, buffers, sig.refs)
+
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v)
+
+
+def _alive(kept: list, now: list) -> bool:
+    return all(k() is not None and k() is n() for k, n in zip(kept, now))

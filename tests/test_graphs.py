@@ -1,0 +1,116 @@
+"""eagle_mm.graphs.OwnGraph: the signature rules (CPU), and capture and replay against the uncaptured function
+(CUDA only)."""
+import dataclasses
+import gc
+
+import pytest
+import torch
+
+from eagle_mm.graphs import OwnGraph, _Signature
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    name: str
+
+
+class Thing:
+    pass
+
+
+def _static(t):
+    torch._dynamo.mark_static_address(t)
+    return t
+
+
+def test_signature_rules():
+    buf, x = _static(torch.zeros(4)), torch.ones(4)
+    thing, other = Thing(), Thing()
+    a = _Signature((buf, x, [Kind("full")], thing, 3, "s", object()), frozenset({6}))
+    b = _Signature((buf, torch.zeros(4), [Kind("full")], thing, 3, "s", object()), frozenset({6}))
+    assert a.key == b.key  # a transient tensor by shape only, a frozen dataclass by value, the unkeyed arg ignored
+    assert a.transient[0] is x and len(a.transient) == 1 and len(a.refs) == 1
+    for changed in ((_static(torch.zeros(4)), x, [Kind("full")], thing, 3, "s", None),  # another static buffer
+                    (buf, torch.ones(5), [Kind("full")], thing, 3, "s", None),  # another shape
+                    (buf, x, [Kind("sliding")], thing, 3, "s", None),  # another value
+                    (buf, x, [Kind("full")], other, 3, "s", None),  # another object
+                    (buf, x, [Kind("full")], thing, 4, "s", None)):
+        assert _Signature(changed, frozenset({6})).key != a.key
+
+
+def test_signature_keeps_aliases():
+    x, y = torch.ones(3), torch.ones(3)
+    same, apart = _Signature((x, x), frozenset()), _Signature((x, y), frozenset())
+    assert same.key != apart.key and len(same.transient) == 1 and len(apart.transient) == 2
+
+
+def test_cpu_calls_run_the_function():
+    calls = []
+
+    def fn(x, buf):
+        calls.append(1)
+        buf.add_(x)
+        return buf * 2
+
+    g, buf = OwnGraph(fn, "fn"), _static(torch.zeros(3))
+    for i in range(3):
+        out = g(torch.ones(3), buf)
+    assert len(calls) == 3 and g.captures == 0 and torch.equal(out, torch.full((3,), 6.0))
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+
+
+@cuda
+def test_replay_matches_the_function():
+    """Warm-up, capture, replays: static buffers are written in place, transient inputs are read afresh, and the
+    result matches running the function at every call."""
+    calls = []
+
+    def fn(x, buf, scale: int, thing):
+        calls.append(1)
+        buf.add_(x * scale)
+        return buf.sum(), x + 1
+
+    g, thing = OwnGraph(fn, "fn", unkeyed=(3,)), Thing()
+    buf, ref = _static(torch.zeros(5, device="cuda")), torch.zeros(5, device="cuda")
+    for i in range(6):
+        x = torch.arange(5.0, device="cuda") * (i + 1)
+        total, y = g(x, buf, 2, Thing() if i % 2 else thing)  # the unkeyed object changes freely
+        ref += x * 2
+        assert torch.equal(buf, ref) and total.item() == ref.sum().item() and torch.equal(y, x + 1)
+    assert len(calls) == 2 and g.captures == 1  # ran at the warm-up and the capture only
+    g(torch.ones(5, device="cuda"), buf, 3, thing)  # another constant: a new signature, run again
+    assert len(calls) == 3 and g.captures == 1
+    buf2 = _static(torch.zeros(5, device="cuda"))
+    for _ in range(3):
+        g(torch.ones(5, device="cuda"), buf2, 2, thing)
+    assert g.captures == 2 and torch.equal(buf2, torch.full((5,), 6.0, device="cuda"))
+
+
+@cuda
+def test_an_aliased_argument_is_captured_as_one_tensor():
+    """The same tensor passed twice is one buffer in the graph, as it was one tensor to the function (dynamo
+    guards on aliasing: two clones would make it recompile inside the capture, which fails)."""
+    fn = torch.compile(lambda a, b: a + b, dynamic=False)
+    g = OwnGraph(fn, "fn")
+    for i in range(4):
+        x = torch.full((3,), float(i), device="cuda")
+        assert torch.equal(g(x, x), 2 * x)
+    assert g.captures == 1
+
+
+@cuda
+def test_a_dead_object_is_not_taken_for_a_new_one():
+    def fn(x, thing):
+        return x * thing.k
+
+    g = OwnGraph(fn, "fn")
+    for k in (2, 3):
+        thing = Thing()
+        thing.k = k
+        for _ in range(3):
+            out = g(torch.ones(2, device="cuda"), thing)
+        assert torch.equal(out, torch.full((2,), float(k), device="cuda"))
+        del thing
+        gc.collect()
