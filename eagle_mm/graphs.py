@@ -3,7 +3,8 @@
 Why not inductor's CUDA graph trees (``torch.compile(mode="reduce-overhead")``): every call of a graph-tree
 function runs dynamo's guards, checks the static inputs, copies the others and rebuilds the outputs in Python.
 For the 8B verify forward that was 1.0 ms of host time per call, which the decode cycle waited for; launched
-from here it takes 0.2 ms, and the cycle 6.7 ms instead of 7.2 (bench/results/bench_8b_owngraphs_h200_2026-11-30.json).
+from here it takes 0.2 ms, and the cycle 6.7 ms instead of 7.2
+(bench/results/bench_8b_owngraphs_h200_2026-11-30.json).
 A replay is a dict lookup, one ``copy_`` per argument tensor whose address changed, and ``graph.replay()``.
 
 The contract, the same as the graph trees':
@@ -68,7 +69,10 @@ class _Signature:
             return (type(x).__name__, tuple(self._part(v) for v in x))
         if _by_value(x):
             return x
-        self.refs.append(weakref.ref(x))
+        try:
+            self.refs.append(weakref.ref(x))
+        except TypeError:  # no weak references to it (a dict, say): held, so that its id stays its own
+            self.refs.append(lambda x=x: x)
         return ("id", id(x))
 
 

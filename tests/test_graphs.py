@@ -38,6 +38,12 @@ def test_signature_rules():
         assert _Signature(changed, frozenset({6})).key != a.key
 
 
+def test_signature_holds_what_has_no_weak_reference():
+    table = {"a": 1}
+    sig = _Signature((table,), frozenset())
+    assert sig.key == (("id", id(table)),) and sig.refs[0]() is table
+
+
 def test_signature_keeps_aliases():
     x, y = torch.ones(3), torch.ones(3)
     same, apart = _Signature((x, x), frozenset()), _Signature((x, y), frozenset())
