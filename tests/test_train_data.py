@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle_mm.train.data import BatchPlan, Example, build_draft_vocab, collate, encode_rows, read_rows, regenerate_rows
+from eagle_mm.train.data import BatchPlan, Example, build_draft_vocab, collate, encode_rows, read_rows
+from eagle_mm.train.regenerate import regenerate_rows
 from tests.test_train_tools import FIRST_WORD, one_thread, tiny_target, tiny_tokenizer, words, write_jsonl  # noqa: F401
 
 CHAT = {"messages": [

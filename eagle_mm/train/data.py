@@ -1,4 +1,4 @@
-"""Training data: JSON-lines rows -> token ids with a loss mask; regeneration; the draft vocabulary; batch order.
+"""Training data: JSON-lines rows -> token ids with a loss mask; the draft vocabulary; batch order.
 
 A row is ``{"messages": [{"role": ..., "content": ...}, ...]}`` (rendered with the target tokenizer's chat
 template; the loss covers the assistant turns only) or ``{"text": ...}`` (the loss covers every token).
@@ -19,10 +19,9 @@ from pathlib import Path
 
 import torch
 
-from ..arch import execution_device
 
-__all__ = ["Example", "read_rows", "encode_rows", "has_images", "PER_TOKEN_INPUTS", "regenerate_rows",
-           "build_draft_vocab", "collate", "BatchPlan", "write_rows"]
+__all__ = ["Example", "read_rows", "encode_rows", "has_images", "PER_TOKEN_INPUTS", "build_draft_vocab", "collate",
+           "BatchPlan", "write_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -297,41 +296,6 @@ def _expand_images(processor, tokenizer, row: dict, text: str, ids: list[int], m
             continue
         inputs[k] = v[0] if k in PER_TOKEN_INPUTS else v
     return full, new_mask, inputs, image_part
-
-
-# ---- regeneration ----------------------------------------------------------------------------------
-@torch.no_grad()
-def regenerate_rows(model, tokenizer, rows: list[tuple[int, dict]], max_new_tokens: int, progress=None) -> list[dict]:
-    """Replace every assistant turn by the target's greedy continuation of the conversation before it.
-
-    Text rows are kept as they are. ``progress`` is called once per row (e.g. a tqdm ``update``).
-    """
-    device = execution_device(model.get_input_embeddings())
-    eos = model.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
-    with_images = [n for n, r in rows if has_images(r)]
-    if with_images:
-        raise ValueError(f"regeneration runs text-only generate(); rows {with_images[:10]} have images: regenerate "
-                         f"them elsewhere (e.g. a serving engine) and train on the result")
-    out = []
-    for lineno, row in rows:
-        if "messages" in row:
-            msgs = []
-            for m in row["messages"]:
-                if m["role"] != "assistant":
-                    msgs.append(m)
-                    continue
-                prompt = _render(tokenizer, msgs, f"row {lineno}", add_generation_prompt=True)
-                ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids], device=device)
-                gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                     do_sample=False)[0, ids.shape[1]:].tolist()
-                cut = next((i for i, t in enumerate(gen) if t in eos), len(gen))
-                msgs.append({**m, "content": tokenizer.decode(gen[:cut], skip_special_tokens=True)})
-            row = {**row, "messages": msgs}
-        out.append(row)
-        if progress is not None:
-            progress()
-    return out
 
 
 # ---- draft vocabulary ------------------------------------------------------------------------------

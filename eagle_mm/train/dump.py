@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 from ..arch import execution_device, resolve_target
 from ..config import Eagle3Config
 from .config import TrainConfig
-from .data import Example, encode_rows, read_rows, regenerate_rows
+from .data import Example, encode_rows, read_rows
+from .regenerate import regenerate_rows
 from .target import load_target, load_tokenizer, target_features
 
 __all__ = ["dump_features", "FeatureStore", "feature_layers"]

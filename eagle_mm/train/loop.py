@@ -24,10 +24,10 @@ from ..heads.io import load_head
 from ..multimodal import hide_image_features
 from .checkpoint import check_resumable, resolve_resume, save_checkpoint
 from .config import TrainConfig
-from .data import (BatchPlan, build_draft_vocab, collate, encode_rows, has_images, read_rows, regenerate_rows,
-                   write_rows)
+from .data import BatchPlan, build_draft_vocab, collate, encode_rows, has_images, read_rows, write_rows
 from .dump import FeatureStore, feature_layers
 from .evaluate import eval_prompts, mean_accept_length
+from .regenerate import regenerate_rows
 from .losses import eagle1_loss, eagle3_loss
 from .target import load_processor, load_target, load_target_embeddings, load_tokenizer, target_features
 
