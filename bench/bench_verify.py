@@ -26,12 +26,17 @@ import time
 import torch
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_shape_args(p: argparse.ArgumentParser) -> None:
+    """The logits shapes swept by both verify benchmarks (this one and bench_verify_sampling.py)."""
     p.add_argument("--nodes", type=int, nargs="+", default=[16, 64, 128], help="draft nodes N (the tree has N+1)")
     p.add_argument("--vocab", type=int, nargs="+", default=[32000, 128256, 152064])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--depth", type=int, default=8, help="max tree depth D")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_shape_args(p)
     p.add_argument("--tilings", action="store_true",
                    help="also time block_v x num_warps x programs/SM x fused x unroll x walk-warps variants")
     p.add_argument("--out", help="write the results as JSON here")

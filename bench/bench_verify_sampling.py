@@ -32,17 +32,14 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_verify import gpu_us, random_tree  # noqa: E402
+from bench_verify import add_shape_args, gpu_us, random_tree  # noqa: E402
 
 DEVICE = "cuda"
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--nodes", type=int, nargs="+", default=[16, 64, 128], help="draft nodes N (the tree has N+1)")
-    p.add_argument("--vocab", type=int, nargs="+", default=[32000, 128256, 152064])
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--depth", type=int, default=8, help="max tree depth D")
+    add_shape_args(p)
     p.add_argument("--draws", type=int, default=16, help="noise draws per shape for the equality check")
     p.add_argument("--compile-nodes", type=int, nargs="*", default=[16],
                    help="the N at which to time the torch.compile'd reference (none: skip it)")

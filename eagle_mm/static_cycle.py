@@ -94,6 +94,7 @@ class StaticCycle:
         self._next: tuple[Tree, torch.Tensor] | None = None  # the next cycle's draft, launched ahead by ``read``
         self._host: torch.Tensor | None = None  # pinned (B, 1 + D+1) on CUDA: where the host read lands
         self._read_done = None  # a CUDA event recorded after the read's copy
+        self._layers: tuple[list, list, list] = ([], [], [])  # the target cache's keys, values, write pointers
 
     def start(self, hcache: HeadCache, root: torch.Tensor, root_pos: torch.Tensor, root_out: torch.Tensor,
               root_logits: torch.Tensor) -> HeadCache:
@@ -121,6 +122,7 @@ class StaticCycle:
                          (buf.root_logits, root_logits)):
             dst.copy_(src)
         self.buf, self.head_cache = buf, HeadCache(buf.head_k, buf.head_v, buf.head_pos, S, scratch)
+        self._layers = self.target.layers()  # the target cache's tensors: fixed for the call (prefilled by now)
         return self.head_cache
 
     def draft(self) -> tuple[Tree, torch.Tensor]:
@@ -165,7 +167,7 @@ class StaticCycle:
             raise RuntimeError(f"static cache of {self.target.length} slots is full ({self.target.cur} used, "
                                f"a path needs {K})")
         b = self.buf
-        keys, values, lengths = self.target.layers()
+        keys, values, lengths = self._layers
         return self._update(self.head, keys, values, lengths, self.target.pos, b.head_k, b.head_v, b.head_pos, b.cur,
                             b.root, b.root_pos, b.root_out, b.root_logits, tokens, q_pos, feats, accept_len, path,
                             bonus)
