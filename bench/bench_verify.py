@@ -1,17 +1,20 @@
 """Benchmark fused greedy tree verification on a CUDA GPU.
 
-For each tree size N and vocabulary V (bf16 logits (B, N+1, V)) it times the Triton kernel in its two
-variants (two launches, the default; and fused=True, one launch with per-row ticket counters), the torch
-reference (argmax + greedy_accept + path_indices), torch.argmax alone, and the memory floor: the bytes
-of logits read once over the device's measured copy bandwidth. Two timings per function:
+For each tree size N and vocabulary V (bf16 logits (B, N+1, V)) it times the Triton kernel with its defaults
+(two launches; on sm_90+ the packed-pair argmax and the early-launched walk) and with fused=True (one launch,
+per-row ticket counters), the torch reference (argmax + greedy_accept + path_indices), torch.argmax alone,
+the memory floor (the bytes of logits read once over the device's measured copy bandwidth), and what any
+kernel pays in this harness: a read-only Triton kernel over the same bytes (best of its grids), an empty
+launch, and the walk launch alone. Two timings per function:
   gpu: CUDA-graph replay of calls over rotating copies of the inputs (more bytes than the L2 holds),
        so no launch overhead and no L2 reuse: the device time.
   eager: wall clock per call over back-to-back calls: what an un-graphed decode loop pays (host included).
-Every Triton variant is checked bit-exact against the reference (bit_exact_two_launch, bit_exact_fused;
-the fused one again after its timings, which proves its counters were reset call after call; with
---tilings, tilings_not_exact lists any tiling that differs); the exit status is 1 if any differs.
-Prints a markdown table; --out writes JSON. Run from the repository root with the package importable
-(pip install -e . or PYTHONPATH=.):
+--variant K=V,... times the kernel with other options at every shape; --tilings sweeps the argmax grid
+(block_v x num_warps x programs/SM x loop) at each shape. Every Triton run is checked bit-exact against the
+reference (bit_exact_two_launch, bit_exact_fused; the fused one again after its timings, which proves its
+counters were reset call after call; tilings_not_exact lists any tiling that differs); the exit status is 1
+if any differs. Prints a markdown table; --out writes JSON. Run from the repository root with the package
+importable (pip install -e . or PYTHONPATH=.):
 
     python bench/bench_verify.py --out verify.json
 """
@@ -38,7 +41,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_shape_args(p)
     p.add_argument("--tilings", action="store_true",
-                   help="also time block_v x num_warps x programs/SM x fused x unroll x walk-warps variants")
+                   help="also time block_v x num_warps x programs/SM x argmax loop x pdl variants")
+    p.add_argument("--variant", action="append", default=[], metavar="K=V,...",
+                   help="also time the kernel with these options at every shape, e.g. tile=4,pdl=1 (repeatable)")
     p.add_argument("--out", help="write the results as JSON here")
     return p.parse_args(argv)
 
@@ -77,25 +82,73 @@ def read_kernel():
     import triton.language as tl
 
     @triton.jit
-    def _read_max(x_ptr, out_ptr, n, chunk, BLOCK: tl.constexpr):
+    def _read_max(x_ptr, out_ptr, n, chunk, BLOCK: tl.constexpr, TILE: tl.constexpr):
         pid = tl.program_id(0)
-        lanes = tl.arange(0, BLOCK)
-        acc = tl.full((BLOCK,), float("-inf"), tl.float32)
+        offs = tl.arange(0, TILE)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]  # TILE chunks per load
+        acc = tl.full((TILE, BLOCK), float("-inf"), tl.float32)
         lo = pid.to(tl.int64) * chunk
-        for start in range(0, chunk, BLOCK):
-            idx = lo + start + lanes
+        for start in range(0, chunk, BLOCK * TILE):
+            idx = lo + start + offs
             acc = tl.maximum(acc, tl.load(x_ptr + idx, mask=idx < n, other=float("-inf")).to(tl.float32))
-        tl.store(out_ptr + pid, tl.max(acc, axis=0))
+        tl.store(out_ptr + pid, tl.max(tl.max(acc, axis=1), axis=0))
 
-    def read(logits, *_, programs: int = 1056, block: int = 2048):
+    def read(logits, *_, programs: int = 1056, block: int = 2048, tile: int = 1):
         n = logits.numel()
-        chunk = triton.cdiv(triton.cdiv(n, programs), block) * block
+        chunk = triton.cdiv(triton.cdiv(n, programs), block * tile) * block * tile
         grid = triton.cdiv(n, chunk)
         out = torch.empty(grid, dtype=torch.float32, device=logits.device)
-        _read_max[(grid,)](logits, out, n, chunk, BLOCK=block, num_warps=8)
+        _read_max[(grid,)](logits, out, n, chunk, BLOCK=block, TILE=tile, num_warps=8)
         return out
 
     return read
+
+
+def empty_kernel():
+    """One Triton program that stores one value: what a launch alone costs in this harness."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _touch(out_ptr):
+        tl.store(out_ptr, 1.0)
+
+    def empty(logits):
+        out = torch.empty(1, dtype=torch.float32, device=logits.device)
+        _touch[(1,)](out)
+        return out
+
+    return empty
+
+
+def walk_only(D: int, warps: int = 4):
+    """The two-launch kernel's second launch alone (the tree walk), over keys from one earlier argmax."""
+    from eagle_mm.kernels import triton_greedy as tg
+    import triton
+
+    def walk(logits, tokens, parent, depth):
+        B, n, _ = logits.shape
+        S = tg._pick_splits(B * n, logits.shape[-1], 2048, logits.device, 4)
+        # torch.empty: a zero fill would add a memset launch to what is timed (the run of 2026-11-30 did that)
+        key = torch.empty(B * n * S, dtype=torch.int64, device=logits.device)
+        out = torch.empty(B * n + 3 * B + B * (D + 1), dtype=torch.int64, device=logits.device)
+        target, accept, best, bonus, path = torch.split(out, (B * n, B, B, B, B * (D + 1)))
+        block = triton.next_power_of_2(max(n, D + 1))
+        tg._walk_tree[(B,)](key, tokens, parent, depth, target, accept, best, bonus, path, n, S, B * n,
+                            D.bit_length(), D, tokens.stride(0), parent.stride(0), depth.stride(0), BLOCK=block,
+                            S_TILE=min(triton.next_power_of_2(S), max(1, tg._MERGE_TILE // block)),
+                            WITH_PATH=True, PDL=False, num_warps=warps)
+        return out
+
+    return walk
+
+
+def parse_variant(spec: str) -> dict:
+    """'tile=4,pdl=1' -> {'tile': 4, 'pdl': True} (ints, and 0/1 for the bool options)."""
+    kw = {}
+    for item in spec.split(","):
+        k, _, v = item.partition("=")
+        kw[k] = bool(int(v)) if k in ("pdl", "fused", "packed") else int(v)
+    return kw
 
 
 def copy_bandwidth() -> float:
@@ -157,7 +210,7 @@ def main(argv=None) -> int:
     from eagle_mm.kernels.reference import verify_greedy_reference
     from eagle_mm.kernels.triton_greedy import verify_greedy_triton
 
-    read = read_kernel()
+    read, empty = read_kernel(), empty_kernel()
     bw = copy_bandwidth()
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
     gen = torch.Generator().manual_seed(0)
@@ -195,21 +248,32 @@ def main(argv=None) -> int:
                 row[f"{name}_gpu_us"] = gpu_us(fn, inputs)
                 row[f"{name}_eager_us"] = eager_us(fn, case)
             # The read-only kernel's best grid: the practical floor of one kernel over these bytes.
-            row["read_only_best_gpu_us"] = min(
-                gpu_us(lambda lg, *_, p=p, b=b: read(lg, programs=p, block=b), inputs)
-                for p in (264, 528, 1056, 2112) for b in (1024, 2048, 4096))
+            reads = {f"programs={p},block={b},tile={t}": gpu_us(
+                lambda lg, *_, p=p, b=b, t=t: read(lg, programs=p, block=b, tile=t), inputs)
+                for p in (264, 528, 1056, 2112) for b in (1024, 2048, 4096) for t in (1, 4)}
+            row["read_only_best_gpu_us"] = min(reads.values())
+            row["read_only_best_grid"] = min(reads, key=reads.get)
+            row["empty_kernel_gpu_us"] = gpu_us(lambda lg, *_: empty(lg), inputs)  # one launch, no work
+            row["walk_only_gpu_us"] = gpu_us(walk_only(D), inputs)  # the second launch alone, 4 warps
+            row["walk_only_1warp_gpu_us"] = gpu_us(walk_only(D, warps=1), inputs)
+            for spec in args.variant:
+                kw = parse_variant(spec)
+                try:
+                    row[f"variant[{spec}]_gpu_us"] = gpu_us(lambda *a, kw=kw: triton_fn(*a, **kw), inputs)
+                    row[f"variant[{spec}]_exact"] = ok = exact(**kw)
+                except Exception as err:  # recorded (and counted as not exact), the other rows still run
+                    row[f"variant[{spec}]_gpu_us"], ok = float("nan"), False
+                    row[f"variant[{spec}]_exact"] = f"{type(err).__name__}: {str(err)[:300]}"
+                row["bit_exact_two_launch"] &= ok
             # Again after hundreds of fused calls and graph replays: right only if every call reset its counters.
             row["bit_exact_fused"] &= exact(fused=True)
             row["bit_exact"] = row["bit_exact_two_launch"] and row["bit_exact_fused"]
-            if args.tilings:  # 96 variants: 32 compiles, then one graph each
+            if args.tilings:  # 72 variants, then one graph each
                 row["tilings_gpu_us"], row["tilings_not_exact"], row["tilings_failed"] = {}, [], {}
-                for bv, w, p, f, u, ww in itertools.product((1024, 2048), (4, 8), (2, 4, 8), (False, True), (1, 2),
-                                                            (1, 4)):
-                    if f and ww != 1:  # fused: the walk runs in the argmax program's warps
-                        continue
-                    kw = {"block_v": bv, "num_warps": w, "programs_per_sm": p, "fused": f, "unroll": u}
-                    if not f:
-                        kw["walk_warps"] = ww
+                loops = ({"unroll": 2, "packed": False}, {"packed": True}, {"packed": True, "stages": 3})
+                for bv, w, p, loop, pdl, ww in itertools.product((512, 1024, 2048), (4, 8), (2, 4, 8, 16), loops,
+                                                                 (True,), (4,)):
+                    kw = {"block_v": bv, "num_warps": w, "programs_per_sm": p, **loop, "pdl": pdl, "walk_warps": ww}
                     name = ",".join(f"{k}={v}" for k, v in kw.items())
                     try:
                         row["tilings_gpu_us"][name] = gpu_us(lambda *a, kw=kw: triton_fn(*a, **kw), inputs)
@@ -224,7 +288,16 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"N={N} V={V}: triton {row['triton_gpu_us']:.1f} us gpu / {row['triton_eager_us']:.1f} us eager, "
                   f"fused {row['triton_fused_gpu_us']:.1f} / {row['triton_fused_eager_us']:.1f}, "
-                  f"reference {row['torch_ref_gpu_us']:.1f} / {row['torch_ref_eager_us']:.1f}", file=sys.stderr)
+                  f"reference {row['torch_ref_gpu_us']:.1f} / {row['torch_ref_eager_us']:.1f}, "
+                  f"read-only {row['read_only_best_gpu_us']:.1f} ({row['read_only_best_grid']}), "
+                  f"empty {row['empty_kernel_gpu_us']:.1f}, walk only {row['walk_only_gpu_us']:.1f} "
+                  f"(1 warp {row['walk_only_1warp_gpu_us']:.1f})", file=sys.stderr)
+            for spec in args.variant:
+                print(f"  variant {spec}: {row[f'variant[{spec}]_gpu_us']:.1f} us gpu, "
+                      f"exact {row[f'variant[{spec}]_exact']}", file=sys.stderr)
+            if args.tilings:
+                best = sorted(row["tilings_gpu_us"].items(), key=lambda kv: kv[1])[:8]
+                print("  best tilings: " + "; ".join(f"{k} {v:.1f}" for k, v in best), file=sys.stderr)
 
     props = torch.cuda.get_device_properties(0)
     print(f"\n{props.name}, copy bandwidth {bw / 1e9:.0f} GB/s, B={args.batch}, D={D}, bf16 logits; "

@@ -19,6 +19,7 @@ DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
 needs_triton = pytest.mark.skipif(not INTERPRET and DEVICE == "cpu",
                                   reason="no CUDA device and TRITON_INTERPRET is not 1")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SM90 = DEVICE == "cuda" and torch.cuda.get_device_capability() >= (9, 0)  # packed argmax, pdl
 FIELDS = ("accept_len", "best", "bonus", "path", "target")
 
 
@@ -135,7 +136,9 @@ def test_matches_reference(B, n, V, dtype, variant):
                                     {"block_v": 16, "splits": 64, "fused": True},
                                     {"block_v": 16, "splits": 5, "fused": True, "unroll": 2},
                                     {"block_v": 16, "splits": 5, "stages": 3},
-                                    {"block_v": 16, "splits": 5, "fused": True, "unroll": 2, "stages": 3}), ids=str)
+                                    {"block_v": 16, "splits": 5, "fused": True, "unroll": 2, "stages": 3},
+                                    {"block_v": 64, "splits": 2, "tile": 2, "packed": SM90},
+                                    {"block_v": 16, "splits": 5, "tile": 4, "fused": True, "packed": SM90}), ids=str)
 def test_ties_across_chunks_and_splits(tiling):
     """Equal maxima in one lane of two chunks, in two splits, and at the two ends: lowest index wins."""
     V = 300
@@ -165,8 +168,68 @@ def test_special_values(dtype):
     logits[1, 0, [280, 90]] = float("inf")
     logits[1, 4, 299] = float("nan")
     for tiling in ({}, {"block_v": 32, "splits": 4}, {"fused": True},
-                   {"block_v": 32, "splits": 4, "fused": True, "unroll": 2}):
+                   {"block_v": 32, "splits": 4, "fused": True, "unroll": 2},
+                   {"packed": False},
+                   {"block_v": 32, "splits": 4, "tile": 2, "packed": SM90 and dtype != torch.float32}):
         run_both(logits, tokens, parent, depth, D, **tiling)
+
+
+@pytest.mark.skipif(not SM90, reason="programmatic dependent launch needs a CUDA GPU of compute capability >= 9.0")
+@pytest.mark.parametrize("packed", (False, True))
+def test_pdl_cuda(packed):
+    """pdl=True: the walk is launched early and waits on the argmax grid; back-to-back calls on new inputs."""
+    for seed in range(3):
+        case = make_case(3, 41, 32000, torch.bfloat16, seed=seed)
+        run_both(*case, packed=packed and SM90, pdl=True)
+
+
+@pytest.mark.skipif(not SM90, reason="the packed-pair argmax is inline PTX for sm_90+ (the interpreter cannot run it)")
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("tiling", ({}, {"tile": 2}, {"tile": 4, "pdl": True}, {"block_v": 64, "splits": 5, "tile": 1},
+                                    {"block_v": 32, "splits": 3, "tile": 2}, {"block_v": 16, "splits": 2, "tile": 8},
+                                    {"block_v": 16, "splits": 4, "tile": 4, "fused": True}), ids=str)
+def test_packed_cuda(dtype, tiling):
+    """packed=True against the reference: random shapes, planted ties, and every special value (NaN, whose
+    slice is redone exactly; +-inf; -0.0 tying +0.0)."""
+    tiling = {"packed": True, **tiling}
+    for B, n, V in ((1, 7, 97), (3, 7, 4099), (1, 41, 1271), (2, 65, 32000), (1, 3, 1)):
+        case = make_case(B, n, V, dtype, seed=B * 31 + n * 7 + V)
+        run_both(*case, **tiling)
+    logits, tokens, parent, depth, D = make_case(2, 7, 300, dtype, seed=3)
+    logits[0, 1] = float("-inf")
+    logits[0, 2, [250, 40, 170]] = float("nan")
+    logits[0, 3] = 0.0
+    logits[0, 3, 5] = -0.0
+    logits[0, 3, 1] = -0.0
+    logits[0, 4, 17] = float("inf")
+    logits[0, 4, 33] = float("nan")
+    logits[1, 0, [280, 90]] = float("inf")
+    logits[1, 4, 299] = float("nan")
+    logits[1, 5, 0] = float("nan")
+    run_both(logits, tokens, parent, depth, D, **tiling)
+    V = 300
+    logits, tokens, parent, depth, D = make_case(2, 7, V, dtype, seed=7)
+    top = logits.float().amax(-1).max().item() + 2
+    for node, where in enumerate(([20, 36], [70, 200], [0, V - 1], [V - 1], [33, 49, 290], [150, 64])):
+        logits[0, node, where] = top
+    run_both(logits, tokens, parent, depth, D, **tiling)
+
+
+def test_packed_needs_16_bit_cuda():
+    from eagle_mm.kernels.triton_greedy import verify_greedy_triton
+    logits, tokens, parent, depth, D = make_case(1, 7, 97, torch.float32, seed=1)
+    with pytest.raises(ValueError, match="packed"):
+        verify_greedy_triton(logits.to(DEVICE), tokens.to(DEVICE), parent.to(DEVICE), depth.to(DEVICE), D,
+                             packed=True)
+
+
+def test_pdl_needs_cuda_two_launch():
+    from eagle_mm.kernels.triton_greedy import verify_greedy_triton
+    logits, tokens, parent, depth, D = make_case(1, 7, 97, torch.float32, seed=1)
+    with pytest.raises(ValueError, match="pdl"):
+        verify_greedy_triton(logits, tokens, parent, depth, D, pdl=True)
+    with pytest.raises(ValueError, match="tile"):
+        verify_greedy_triton(logits, tokens, parent, depth, D, tile=3)
 
 
 @needs_triton

@@ -245,3 +245,22 @@ def test_compiled_sampling_cuda():
                                     compile=c) for c in (False, True, True)]
     assert outs[0].shape == (1, 34)
     assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton verify kernel runs on a CUDA GPU here")
+@pytest.mark.parametrize("tree", [CHAIN, TREE], ids=["chain", "tree"])
+def test_triton_verify_bf16_equals_generate_cuda(tree, monkeypatch):
+    """The dynamic-cache path verifies with the Triton kernel on CUDA (on an H200: the packed-pair argmax and
+    the programmatically launched walk, the defaults for bf16 there): token-identical to generate."""
+    from eagle_mm.kernels.dispatch import ENV_BACKEND
+
+    monkeypatch.setenv(ENV_BACKEND, "triton")
+    model = tiny_model("llama").cuda().to(torch.bfloat16)
+    ids = prompt(10, batch=1).cuda()
+    mask = torch.ones_like(ids)
+    head, ref = _forced(model, ids, mask, 32)
+    head._head.cuda().to(torch.bfloat16)
+    head.reference, head.wrong = head.reference.cuda(), head.wrong.cuda()
+    out = _run(model, head, ids, mask, 32, tree)
+    assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]])
+    assert out.stats.mean_accept_length > 1.5

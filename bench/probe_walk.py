@@ -1,0 +1,192 @@
+"""Where the greedy verify walk spends its time: SM clock readings between its stages, on a CUDA GPU.
+
+A copy of `eagle_mm.kernels.triton_greedy._walk` with `%clock64` read after each stage (each reading
+depends on the stage's result, so it cannot move ahead of it). It runs one program per call over keys of
+an earlier argmax, many times; prints the median cycles per stage and in ns at the SM clock.
+
+    PYTHONPATH=. python bench/probe_walk.py --nodes 16 64 128 --out probe.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from eagle_mm.kernels.triton_greedy import _MERGE_TILE  # noqa: F401  (same tile rule as the kernel)
+
+STAGES = ("tree loads", "key merge", "ok (gather)", "pointer jumping", "best (max)", "bonus (sum)", "path loop",
+          "stores")
+
+
+@triton.jit
+def _clock(dep):
+    # dep: int32, scalar or per lane: each reading waits for its own element.
+    return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [dep], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _walk_probe(part_key_ptr, tokens_ptr, parent_ptr, depth_ptr, target_ptr, out_ptr, clock_ptr,
+                n_nodes, S, R, lift_rounds, max_depth,
+                BLOCK: tl.constexpr, S_TILE: tl.constexpr):
+    t0 = _clock(tl.program_id(0))
+    i = tl.arange(0, BLOCK)
+    live = i < n_nodes
+    tokens = tl.load(tokens_ptr + i, mask=live, other=-1).to(tl.int64)
+    parent = tl.load(parent_ptr + i, mask=live, other=0).to(tl.int32)
+    depth = tl.load(depth_ptr + i, mask=live, other=0).to(tl.int32)
+    t1 = _clock(tokens.to(tl.int32) + parent + depth)  # per lane: no extra reduction in the measured path
+    rows = i.to(tl.int64)
+    cols = tl.arange(0, S_TILE)
+    key = tl.full((BLOCK,), -9223372036854775807, tl.int64)
+    for s0 in range(0, S, S_TILE):
+        tile = tl.load(part_key_ptr + (s0 + cols)[:, None].to(tl.int64) * R + rows[None, :],
+                       mask=((s0 + cols) < S)[:, None] & live[None, :], other=-9223372036854775807)
+        key = tl.maximum(key, tl.max(tile, axis=0))
+    target = 2147483647 - (key & 2147483647)
+    t2 = _clock(target.to(tl.int32))
+    ok = ((tokens == tl.gather(target, parent, 0)) | (i == 0)) & live
+    t3 = _clock(ok.to(tl.int32))
+    anc = parent
+    flag = ok.to(tl.int32)
+    for _round in range(0, lift_rounds):
+        packed = tl.gather((anc << 1) | flag, anc, 0)
+        flag = flag & packed
+        anc = packed >> 1
+    t4 = _clock(flag)
+    top = tl.max(tl.where(flag != 0, (depth << 16) | (65535 - i), -1), axis=0)
+    best = 65535 - (top & 65535)
+    accept = top >> 16
+    t5 = _clock(best)
+    bonus = tl.sum(tl.where(i == best, target, 0), axis=0)
+    t6 = _clock(bonus.to(tl.int32))
+    node = tl.full((BLOCK,), 0, tl.int32) + best
+    hops = accept - i
+    for step in range(0, max_depth):
+        node = tl.where(step < hops, tl.gather(parent, node, 0), node)
+    t7 = _clock(node)
+    tl.store(target_ptr + rows, target, mask=live)
+    tl.store(out_ptr, accept.to(tl.int64))
+    tl.store(out_ptr + 1, best.to(tl.int64))
+    tl.store(out_ptr + 2, bonus)
+    tl.store(out_ptr + 3 + i, node.to(tl.int64), mask=i <= max_depth)
+    t8 = _clock(node + i)
+    stamps = tl.arange(0, 16)
+    t = tl.where(stamps == 0, t0, 0)
+    t = tl.where(stamps == 1, tl.max(t1, axis=0), t)  # a stage ends when its last lane is done
+    t = tl.where(stamps == 2, tl.max(t2, axis=0), t)
+    t = tl.where(stamps == 3, tl.max(t3, axis=0), t)
+    t = tl.where(stamps == 4, tl.max(t4, axis=0), t)
+    t = tl.where(stamps == 5, t5, t)
+    t = tl.where(stamps == 6, t6, t)
+    t = tl.where(stamps == 7, tl.max(t7, axis=0), t)
+    t = tl.where(stamps == 8, tl.max(t8, axis=0), t)
+    tl.store(clock_ptr + stamps, t, mask=stamps <= 8)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, nargs="+", default=[16, 64, 128])
+    p.add_argument("--splits", type=int, default=9)
+    p.add_argument("--depth", type=int, default=8)
+    p.add_argument("--warps", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--argmax-sweep", action="store_true", help="also time the argmax launch alone over tilings")
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("probe_walk.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    sys.path.insert(0, "bench")
+    from bench_verify import random_tree
+
+    ghz = torch.cuda.get_device_properties(0).clock_rate / 1e6 if hasattr(
+        torch.cuda.get_device_properties(0), "clock_rate") else 1.98
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for N in args.nodes:
+        n, D, S = N + 1, args.depth, args.splits
+        parent, depth = (t[0].cuda() for t in random_tree(1, n, D, gen))
+        tokens = torch.randint(0, 1000, (n,), device="cuda")
+        key = torch.randint(0, 2**40, (S * n,), device="cuda")
+        target = torch.empty(n, dtype=torch.int64, device="cuda")
+        out = torch.empty(3 + D + 1, dtype=torch.int64, device="cuda")
+        block = triton.next_power_of_2(max(n, D + 1))
+        s_tile = min(triton.next_power_of_2(S), max(1, _MERGE_TILE // block))
+        for w in args.warps:
+            clocks = torch.empty(args.calls, 16, dtype=torch.int64, device="cuda")
+            for c in range(args.calls):
+                _walk_probe[(1,)](key, tokens, parent, depth, target, out, clocks[c], n, S, n, D.bit_length(), D,
+                                  BLOCK=block, S_TILE=s_tile, num_warps=w)
+            torch.cuda.synchronize()
+            d = (clocks[20:, 1:9] - clocks[20:, 0:8]).double().median(0).values  # skip the first calls
+            total = (clocks[20:, 8] - clocks[20:, 0]).double().median().item()
+            row = {"N": N, "nodes": n, "warps": w, "splits": S, "depth": D, "sm_ghz": ghz,
+                   "stage_cycles": dict(zip(STAGES, d.tolist())), "total_cycles": total,
+                   "total_ns": total / ghz}
+            rows.append(row)
+            print(f"N={N} warps={w}: total {total:.0f} cycles = {total / ghz:.0f} ns; "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in row["stage_cycles"].items()), file=sys.stderr)
+    sweep = argmax_sweep() if args.argmax_sweep else None
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(0), "rows": rows, "argmax_sweep": sweep}, f, indent=1)
+    return 0
+
+
+
+def argmax_sweep(N: int = 64, V: int = 128256) -> dict:
+    """The two-launch kernel's first launch alone (argmax keys, no walk), over programs/SM x block_v x warps x
+    loop, timed as bench_verify times the whole kernel (CUDA-graph replay over rotating inputs)."""
+    import itertools
+
+    from bench_verify import copy_bandwidth, gpu_us, make_tree
+    from eagle_mm.kernels import triton_greedy as tg
+
+    case = tuple(t.cuda() for t in make_tree(1, N + 1, V, 8, torch.Generator().manual_seed(0)))
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    copies = max(2, -(-4 * l2 // (case[0].numel() * 2)))
+    inputs = [(case[0].clone(),) for _ in range(copies)]
+
+    def argmax(logits, block_v, warps, pps, stages, tile, packed, floor):
+        B, n, V = logits.shape
+        S = tg._pick_splits(B * n, V, block_v, logits.device, pps)
+        if floor:  # never more than pps programs per SM
+            S = max(1, min(S, pps * tg._sm_count(0) // (B * n)))
+        chunk = triton.cdiv(triton.cdiv(V, S), block_v) * block_v
+        S = triton.cdiv(V, chunk)
+        keys = torch.empty(S * B * n, dtype=torch.int64, device=logits.device)
+        tg._argmax_partial[(B * n, S)](logits, keys, n, V, chunk, logits.stride(0), logits.stride(1), B * n,
+                                       BLOCK_V=block_v, UNROLL=1, STAGES=stages, TILE=tile, PACKED=packed,
+                                       PDL=False, num_warps=warps)
+        return keys
+
+    res = {}
+    for bv, w, pps, st, t, pk, fl in itertools.product((512, 1024, 2048), (2, 4, 8), (2, 4, 8, 16), (1, 2, 3),
+                                                       (1,), (True,), (False, True)):
+        if bv // (32 * w) < 4 or bv // (32 * w) > 16:  # 4..16 elements per thread per chunk
+            continue
+        name = f"block_v={bv},num_warps={w},programs_per_sm={pps},stages={st},tile={t},packed={pk},floor={fl}"
+        try:
+            res[name] = gpu_us(lambda lg, a=(bv, w, pps, st, t, pk, fl): argmax(lg, *a), inputs)
+        except Exception as err:  # a tiling that cannot compile or run is recorded
+            res[name] = f"{type(err).__name__}: {str(err)[:120]}"
+    from bench_verify import read_kernel
+    read = read_kernel()
+    reads = {f"programs={p},block={b}": gpu_us(lambda lg, p=p, b=b: read(lg, programs=p, block=b), inputs)
+             for p in (1056, 2112, 4224, 8448) for b in (512, 1024, 2048)}
+    print("read only: " + "; ".join(f"{k} {v:.2f}" for k, v in sorted(reads.items(), key=lambda kv: kv[1])[:6]),
+          file=sys.stderr)
+    floor = case[0].numel() * 2 / copy_bandwidth() * 1e6
+    timed = {k: v for k, v in res.items() if isinstance(v, float)}
+    best = sorted(timed.items(), key=lambda kv: kv[1])[:10]
+    print(f"argmax only, N={N} V={V}, floor {floor:.2f} us: " + "; ".join(f"{k} {v:.2f}" for k, v in best),
+          file=sys.stderr)
+    return {"N": N, "V": V, "floor_us": floor, "argmax_only_gpu_us": res, "read_only_gpu_us": reads}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
