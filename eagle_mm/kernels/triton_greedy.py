@@ -24,7 +24,11 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a Triton without grid dependency control: the walk is never launched early (pdl)
+    gdc_launch_dependents = gdc_wait = None
 
 from .triton_argmax import _slice_key, _slice_key_packed
 
@@ -180,6 +184,10 @@ def _hopper(device: torch.device) -> bool:
     return device.type == "cuda" and _sm90(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def _can_pdl(device: torch.device) -> bool:
+    return gdc_wait is not None and _hopper(device)
+
+
 def _can_pack(logits: torch.Tensor) -> bool:
     """The packed-pair argmax (`_PAIR_ASM`) runs on fp16/bf16 logits on sm_90 or newer, never interpreted."""
     return logits.dtype in (torch.float16, torch.bfloat16) and _hopper(logits.device)
@@ -241,13 +249,14 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
         raise ValueError(f"tile must be 1, 2, 4 or 8 chunks per load (packed argmax), got {tile!r}")
     if packed is None:  # a caller's chunk too small for pairs picks the exact loop
         packed = _can_pack(logits) and (block_v is None or block_v * tile >= 64)
-    pdl = _hopper(logits.device) and not fused if pdl is None else pdl
+    pdl = _can_pdl(logits.device) and not fused if pdl is None else pdl
     if packed and not _can_pack(logits):
         raise ValueError(f"packed needs fp16/bf16 logits on a CUDA GPU of compute capability >= 9.0, got "
                          f"{logits.dtype} on {logits.device}")
-    if pdl and (fused or not _hopper(logits.device)):
+    if pdl and (fused or not _can_pdl(logits.device)):
         raise ValueError("pdl (programmatic dependent launch of the walk) needs the two-launch kernel on a CUDA GPU "
-                         f"of compute capability >= 9.0, got fused={fused}, device {logits.device}")
+                         f"of compute capability >= 9.0 and a Triton with gdc_wait, got fused={fused}, device "
+                         f"{logits.device}")
     if packed:
         if block_v is not None and block_v * tile < 64:  # pairs of one thread's registers, 32 threads a warp
             raise ValueError(f"packed needs block_v * tile >= 64, got block_v={block_v}, tile={tile}")
