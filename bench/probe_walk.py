@@ -1,15 +1,18 @@
-"""Where the greedy verify walk spends its time: SM clock readings between its stages, on a CUDA GPU.
+"""Where the greedy verify kernel spends its time, on a CUDA GPU: the walk's stages, the argmax's tilings.
 
 A copy of `eagle_mm.kernels.triton_greedy._walk` with `%clock64` read after each stage (each reading
 depends on the stage's result, so it cannot move ahead of it). It runs one program per call over keys of
 an earlier argmax, many times; prints the median cycles per stage and in ns at the SM clock.
+--argmax-sweep also times the argmax launch alone (no walk) over block_v x warps x programs per SM, packed
+and exact, against a read-only kernel; --sass BV,W,PPS,PACKED writes one argmax tiling's PTX and SASS.
 
-    PYTHONPATH=. python bench/probe_walk.py --nodes 16 64 128 --out probe.json
+    PYTHONPATH=. python bench/probe_walk.py --nodes 16 64 128 --argmax-sweep --sass 1024,4,8,1 --out probe.json
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -95,6 +98,8 @@ def main(argv=None) -> int:
     p.add_argument("--warps", type=int, nargs="+", default=[1, 4])
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--argmax-sweep", action="store_true", help="also time the argmax launch alone over tilings")
+    p.add_argument("--sass", action="append", default=[], metavar="BV,W,PPS,PACKED",
+                   help="write this argmax tiling's PTX and SASS next to --out, e.g. 1024,4,8,1 (repeatable)")
     p.add_argument("--out")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -130,6 +135,8 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"N={N} warps={w}: total {total:.0f} cycles = {total / ghz:.0f} ns; "
                   + ", ".join(f"{k} {v:.0f}" for k, v in row["stage_cycles"].items()), file=sys.stderr)
+    for spec in args.sass:  # the compiled code of one argmax tiling, to read why it runs as it does
+        dump_code(spec, os.path.dirname(os.path.abspath(args.out)) if args.out else ".")
     sweep = argmax_sweep() if args.argmax_sweep else None
     if args.out:
         with open(args.out, "w") as f:
@@ -138,40 +145,53 @@ def main(argv=None) -> int:
 
 
 
+def _argmax_launch(logits, block_v, warps, pps, packed):
+    """The verify kernel's first launch alone (argmax keys, no walk); returns Triton's compiled kernel."""
+    from eagle_mm.kernels import triton_greedy as tg
+
+    B, n, V = logits.shape
+    S = tg._pick_splits(B * n, V, block_v, logits.device, pps)  # at most pps programs per SM
+    chunk = triton.cdiv(triton.cdiv(V, S), block_v) * block_v
+    S = triton.cdiv(V, chunk)
+    keys = torch.empty(S * B * n, dtype=torch.int64, device=logits.device)
+    return tg._argmax_partial[(B * n, S)](logits, keys, n, V, chunk, logits.stride(0), logits.stride(1), B * n,
+                                          BLOCK_V=block_v, UNROLL=1, STAGES=1, TILE=1, PACKED=packed, PDL=False,
+                                          num_warps=warps)
+
+
+def dump_code(spec: str, out_dir: str, N: int = 64, V: int = 128256) -> None:
+    """spec 'block_v,num_warps,programs_per_sm,packed' (packed 0/1): write that argmax tiling's PTX and SASS."""
+    bv, w, pps, pk = (int(x) for x in spec.split(","))
+    logits = torch.randn(1, N + 1, V, device="cuda").to(torch.bfloat16)
+    kernel = _argmax_launch(logits, bv, w, pps, bool(pk))
+    for kind in ("ptx", "sass"):
+        try:
+            text = kernel.asm[kind]
+        except Exception as err:  # SASS needs the nvdisasm that Triton ships; say so if it is missing
+            text = f"no {kind}: {type(err).__name__}: {err}"
+        with open(os.path.join(out_dir, f"argmax_{bv}_{w}_{pps}_{pk}.{kind}"), "w") as f:
+            f.write(str(text))
+
+
 def argmax_sweep(N: int = 64, V: int = 128256) -> dict:
     """The two-launch kernel's first launch alone (argmax keys, no walk), over programs/SM x block_v x warps x
     loop, timed as bench_verify times the whole kernel (CUDA-graph replay over rotating inputs)."""
     import itertools
 
     from bench_verify import copy_bandwidth, gpu_us, make_tree
-    from eagle_mm.kernels import triton_greedy as tg
 
     case = tuple(t.cuda() for t in make_tree(1, N + 1, V, 8, torch.Generator().manual_seed(0)))
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     copies = max(2, -(-4 * l2 // (case[0].numel() * 2)))
     inputs = [(case[0].clone(),) for _ in range(copies)]
 
-    def argmax(logits, block_v, warps, pps, stages, tile, packed, floor):
-        B, n, V = logits.shape
-        S = tg._pick_splits(B * n, V, block_v, logits.device, pps)
-        if floor:  # never more than pps programs per SM
-            S = max(1, min(S, pps * tg._sm_count(0) // (B * n)))
-        chunk = triton.cdiv(triton.cdiv(V, S), block_v) * block_v
-        S = triton.cdiv(V, chunk)
-        keys = torch.empty(S * B * n, dtype=torch.int64, device=logits.device)
-        tg._argmax_partial[(B * n, S)](logits, keys, n, V, chunk, logits.stride(0), logits.stride(1), B * n,
-                                       BLOCK_V=block_v, UNROLL=1, STAGES=stages, TILE=tile, PACKED=packed,
-                                       PDL=False, num_warps=warps)
-        return keys
-
     res = {}
-    for bv, w, pps, st, t, pk, fl in itertools.product((512, 1024, 2048), (2, 4, 8), (2, 4, 8, 16), (1, 2, 3),
-                                                       (1,), (True,), (False, True)):
-        if bv // (32 * w) < 4 or bv // (32 * w) > 16:  # 4..16 elements per thread per chunk
+    for bv, w, pps, pk in itertools.product((256, 512, 1024, 2048), (2, 4, 8), (4, 8, 16), (True, False)):
+        if bv // (32 * w) < 2 or bv // (32 * w) > 16:  # 2..16 elements per thread per chunk
             continue
-        name = f"block_v={bv},num_warps={w},programs_per_sm={pps},stages={st},tile={t},packed={pk},floor={fl}"
+        name = f"block_v={bv},num_warps={w},programs_per_sm={pps},packed={pk},per_thread={bv // (32 * w)}"
         try:
-            res[name] = gpu_us(lambda lg, a=(bv, w, pps, st, t, pk, fl): argmax(lg, *a), inputs)
+            res[name] = gpu_us(lambda lg, a=(bv, w, pps, pk): _argmax_launch(lg, *a), inputs)
         except Exception as err:  # a tiling that cannot compile or run is recorded
             res[name] = f"{type(err).__name__}: {str(err)[:120]}"
     from bench_verify import read_kernel
