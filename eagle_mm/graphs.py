@@ -54,11 +54,14 @@ class _Signature:
     def __init__(self, args: tuple, unkeyed: frozenset):
         self.refs: list = []
         self.transient: list[torch.Tensor] = []
+        self.device: torch.device | None = None  # the first CUDA tensor's device, None if there is none
         self._first: dict[int, int] = {}  # id of a transient tensor -> its index, for aliases (dynamo guards on them)
         self.key = tuple(None if i in unkeyed else self._part(a) for i, a in enumerate(args))
 
     def _part(self, x):
         if isinstance(x, torch.Tensor):
+            if self.device is None and x.is_cuda:
+                self.device = x.device
             # Called on every replay (~100 tensors for the update): the cheapest key that tells tensors apart. A
             # static tensor's address names its device too (one address space for the host and every GPU).
             if _is_static(x):
@@ -95,11 +98,10 @@ class OwnGraph:
         self.captures = 0  # graphs captured so far (tests read it)
 
     def __call__(self, *args):
-        sig = _Signature(args, self.unkeyed)
-        device = next((t.device for t in _tensors(args) if t.is_cuda), None)
-        if device is None:
+        sig = _Signature(args, self.unkeyed)  # unkeyed arguments hold no tensors (the contract)
+        if sig.device is None:
             return self.inner(*args)
-        with torch.cuda.device(device):  # capture and replay on the arguments' GPU, whichever is current
+        with torch.cuda.device(sig.device):  # capture and replay on the arguments' GPU, whichever is current
             return self._call(args, sig)
 
     def _call(self, args: tuple, sig: _Signature):
@@ -146,14 +148,6 @@ class OwnGraph:
         self.captures += 1
         logger.debug("captured a CUDA graph of the %s (%d so far)", self.what, self.captures)
         return _Captured(graph, out, buffers, sig.refs)
-
-
-def _tensors(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            yield from _tensors(v)
 
 
 def _alive(kept: list, now: list) -> bool:

@@ -138,3 +138,14 @@ def _slice_key_packed(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n,
     if (key >> 32) == 2147483647:
         key = _slice_key(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, 1, 1)
     return key
+
+
+@triton.jit
+def _slice_key_any(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V: tl.constexpr,
+                   UNROLL: tl.constexpr, STAGES: tl.constexpr, TILE: tl.constexpr, PACKED: tl.constexpr):
+    """The key of program (r, s): the packed loop when PACKED, else the exact one."""
+    if PACKED:
+        key = _slice_key_packed(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, TILE, STAGES)
+    else:
+        key = _slice_key(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, UNROLL, STAGES)
+    return key

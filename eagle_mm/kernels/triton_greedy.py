@@ -30,7 +30,7 @@ try:
 except ImportError:  # a Triton without grid dependency control: the walk is never launched early (pdl)
     gdc_launch_dependents = gdc_wait = None
 
-from .triton_argmax import _slice_key, _slice_key_packed
+from .triton_argmax import _slice_key_any
 
 __all__ = ["verify_greedy_triton"]
 
@@ -105,10 +105,7 @@ def _argmax_partial(logits_ptr, part_key_ptr, n_nodes, V, chunk, stride_b, strid
         gdc_launch_dependents()
     r = tl.program_id(0)
     s = tl.program_id(1)
-    if PACKED:
-        key = _slice_key_packed(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, TILE, STAGES)
-    else:
-        key = _slice_key(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, UNROLL, STAGES)
+    key = _slice_key_any(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, UNROLL, STAGES, TILE, PACKED)
     tl.store(part_key_ptr + s.to(tl.int64) * R + r, key)
 
 
@@ -135,10 +132,7 @@ def _argmax_walk(logits_ptr, part_key_ptr, count_ptr, tokens_ptr, parent_ptr, de
     # grid (B * (N+1), S), as _argmax_partial; count_ptr: (>= B,) int32, all 0 on entry and on exit.
     r = tl.program_id(0)
     s = tl.program_id(1)
-    if PACKED:
-        key = _slice_key_packed(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, TILE, STAGES)
-    else:
-        key = _slice_key(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, UNROLL, STAGES)
+    key = _slice_key_any(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, UNROLL, STAGES, TILE, PACKED)
     tl.store(part_key_ptr + s.to(tl.int64) * R + r, key)
     # The key store and the atomic may be issued by different threads: the barrier orders them inside
     # the CTA, and the atomic's release (cumulative in the PTX model) then publishes the key GPU-wide.
@@ -163,11 +157,15 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _pick_splits(rows: int, V: int, block_v: int, device: torch.device, programs_per_sm: int) -> int:
     """Splits so that the grid fills every SM at most ``programs_per_sm`` times; never more than chunks."""
     if device.type != "cuda":
         return 1
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _index(device)
     # Rounded down: one program more per SM than the others on some SMs costs a whole slice of time
     # (measured on an H200: 7.16 -> 6.82 us for the argmax alone at N=64, V=128k).
     want = programs_per_sm * _sm_count(index) // rows
@@ -181,7 +179,7 @@ def _sm90(index: int) -> bool:
 
 def _hopper(device: torch.device) -> bool:
     """sm_90 or newer: the packed-pair asm and programmatic dependent launch (griddepcontrol) need it."""
-    return device.type == "cuda" and _sm90(device.index if device.index is not None else torch.cuda.current_device())
+    return device.type == "cuda" and _sm90(_index(device))
 
 
 def _can_pdl(device: torch.device) -> bool:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-
 __all__ = ["Example", "read_rows", "encode_rows", "has_images", "PER_TOKEN_INPUTS", "build_draft_vocab", "collate",
            "BatchPlan", "write_rows"]
 
