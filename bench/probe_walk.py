@@ -98,6 +98,7 @@ def main(argv=None) -> int:
     p.add_argument("--warps", type=int, nargs="+", default=[1, 4])
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--argmax-sweep", action="store_true", help="also time the argmax launch alone over tilings")
+    p.add_argument("--packed-only", action="store_true", help="the sweep leaves out the exact loop")
     p.add_argument("--sass", action="append", default=[], metavar="BV,W,PPS,PACKED",
                    help="write this argmax tiling's PTX and SASS next to --out, e.g. 1024,4,8,1 (repeatable)")
     p.add_argument("--out")
@@ -137,7 +138,7 @@ def main(argv=None) -> int:
                   + ", ".join(f"{k} {v:.0f}" for k, v in row["stage_cycles"].items()), file=sys.stderr)
     for spec in args.sass:  # the compiled code of one argmax tiling, to read why it runs as it does
         dump_code(spec, os.path.dirname(os.path.abspath(args.out)) if args.out else ".")
-    sweep = argmax_sweep() if args.argmax_sweep else None
+    sweep = argmax_sweep(loops=(True,) if args.packed_only else (True, False)) if args.argmax_sweep else None
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(0), "rows": rows, "argmax_sweep": sweep}, f, indent=1)
@@ -145,7 +146,7 @@ def main(argv=None) -> int:
 
 
 
-def _argmax_launch(logits, block_v, warps, pps, packed):
+def _argmax_launch(logits, block_v, warps, pps, packed, tile=1):
     """The verify kernel's first launch alone (argmax keys, no walk); returns Triton's compiled kernel."""
     from eagle_mm.kernels import triton_greedy as tg
 
@@ -155,7 +156,7 @@ def _argmax_launch(logits, block_v, warps, pps, packed):
     S = triton.cdiv(V, chunk)
     keys = torch.empty(S * B * n, dtype=torch.int64, device=logits.device)
     return tg._argmax_partial[(B * n, S)](logits, keys, n, V, chunk, logits.stride(0), logits.stride(1), B * n,
-                                          BLOCK_V=block_v, UNROLL=1, STAGES=1, TILE=1, PACKED=packed, PDL=False,
+                                          BLOCK_V=block_v, UNROLL=1, STAGES=1, TILE=tile, PACKED=packed, PDL=False,
                                           num_warps=warps)
 
 
@@ -173,9 +174,11 @@ def dump_code(spec: str, out_dir: str, N: int = 64, V: int = 128256) -> None:
             f.write(str(text))
 
 
-def argmax_sweep(N: int = 64, V: int = 128256) -> dict:
+def argmax_sweep(N: int = 64, V: int = 128256, top: int = 8, loops=(True, False)) -> dict:
     """The two-launch kernel's first launch alone (argmax keys, no walk), over programs/SM x block_v x warps x
-    loop, timed as bench_verify times the whole kernel (CUDA-graph replay over rotating inputs)."""
+    loop (and chunks per load, tile, for the packed one), timed as bench_verify times the whole kernel
+    (CUDA-graph replay over rotating inputs); then the whole kernel at the ``top`` best argmax tilings.
+    ``loops``: packed (True) and / or exact (False)."""
     import itertools
 
     from bench_verify import copy_bandwidth, gpu_us, make_tree
@@ -185,13 +188,15 @@ def argmax_sweep(N: int = 64, V: int = 128256) -> dict:
     copies = max(2, -(-4 * l2 // (case[0].numel() * 2)))
     inputs = [(case[0].clone(),) for _ in range(copies)]
 
-    res = {}
-    for bv, w, pps, pk in itertools.product((256, 512, 1024, 2048), (2, 4, 8), (4, 8, 16), (True, False)):
-        if bv // (32 * w) < 2 or bv // (32 * w) > 16:  # 2..16 elements per thread per chunk
-            continue
-        name = f"block_v={bv},num_warps={w},programs_per_sm={pps},packed={pk},per_thread={bv // (32 * w)}"
+    res, kws = {}, {}
+    for bv, w, pps, pk, tile in itertools.product((256, 512, 1024, 2048), (2, 4, 8), (4, 8, 16), loops, (1, 2, 4)):
+        if bv // (32 * w) < 2 or bv // (32 * w) > 16 or (tile > 1 and (not pk or bv // (32 * w) > 8)):
+            continue  # 2..16 elements per thread per load; several loads per step (tile) for the packed loop
+        name = (f"block_v={bv},num_warps={w},programs_per_sm={pps},packed={pk},tile={tile},"
+                f"per_thread={bv // (32 * w)}")
+        kws[name] = {"block_v": bv, "num_warps": w, "programs_per_sm": pps, "packed": pk, "tile": tile}
         try:
-            res[name] = gpu_us(lambda lg, a=(bv, w, pps, pk): _argmax_launch(lg, *a), inputs)
+            res[name] = gpu_us(lambda lg, a=(bv, w, pps, pk, tile): _argmax_launch(lg, *a), inputs)
         except Exception as err:  # a tiling that cannot compile or run is recorded
             res[name] = f"{type(err).__name__}: {str(err)[:120]}"
     from bench_verify import read_kernel
@@ -205,7 +210,22 @@ def argmax_sweep(N: int = 64, V: int = 128256) -> dict:
     best = sorted(timed.items(), key=lambda kv: kv[1])[:10]
     print(f"argmax only, N={N} V={V}, floor {floor:.2f} us: " + "; ".join(f"{k} {v:.2f}" for k, v in best),
           file=sys.stderr)
-    return {"N": N, "V": V, "floor_us": floor, "argmax_only_gpu_us": res, "read_only_gpu_us": reads}
+    # The whole kernel (argmax, then the walk launched early) at the argmax's best tilings, bit-exact checked.
+    from eagle_mm.kernels.reference import verify_greedy_reference
+    from eagle_mm.kernels.triton_greedy import verify_greedy_triton
+
+    full_inputs = [(lg, *case[1:]) for (lg,) in inputs]
+    want = verify_greedy_reference(*case, 8, with_path=True)
+    full = {}
+    for name, _ in best[:top]:
+        kw = kws[name]
+        full[name] = gpu_us(lambda *a, kw=kw: verify_greedy_triton(*a, 8, with_path=True, **kw), full_inputs)
+        got = verify_greedy_triton(*case, 8, with_path=True, **kw)
+        full[name + ",exact"] = all(torch.equal(g, w) for g, w in zip(got, want))
+    print("whole kernel: " + "; ".join(f"{k} {v:.2f}" for k, v in full.items() if isinstance(v, float)),
+          file=sys.stderr)
+    return {"N": N, "V": V, "floor_us": floor, "argmax_only_gpu_us": res, "read_only_gpu_us": reads,
+            "whole_kernel_gpu_us": full}
 
 
 if __name__ == "__main__":

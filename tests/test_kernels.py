@@ -292,6 +292,19 @@ def test_fused_counter_growth(monkeypatch):
 
 
 @needs_triton
+def test_tokens_beyond_int32_never_match():
+    """The walk compares tokens in int32: one that only equals the argmax modulo 2**32 must not match."""
+    logits, tokens, parent, depth, D = make_case(1, 7, 97, torch.float32, seed=5)
+    children = (parent[0] == 0).nonzero().flatten()
+    children = children[children > 0]
+    top = logits[0, 0].argmax().item()
+    tokens[0, children] = top + 2**32  # the root's argmax, plus 2**32: equal in int32
+    tokens[0, children[1:]] = top - 2**32  # and minus
+    got = run_both(logits, tokens, parent, depth, D)  # bit-exact against the reference, which accepts nothing
+    assert got[0][0].item() == 0
+
+
+@needs_triton
 def test_extra_depth_and_layout():
     """max_depth above the tree's depth (path padding), non-contiguous logits, int32 index tensors."""
     logits, tokens, parent, depth, D = make_case(3, 7, 97, torch.float16, seed=11)

@@ -48,6 +48,8 @@ def _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
     i = tl.arange(0, BLOCK)
     live = i < n_nodes
     tokens = tl.load(tokens_ptr + b.to(tl.int64) * stride_tok + i, mask=live, other=-1).to(tl.int64)
+    # int32 below (it halves the gathers); a token outside [0, 2**31) matches no argmax, and stays so as -1
+    tokens = tl.where((tokens >= 0) & (tokens < 2147483648), tokens, -1).to(tl.int32)
     parent = tl.load(parent_ptr + b.to(tl.int64) * stride_par + i, mask=live, other=0).to(tl.int32)
     depth = tl.load(depth_ptr + b.to(tl.int64) * stride_dep + i, mask=live, other=0).to(tl.int32)
     if PDL:
@@ -65,6 +67,7 @@ def _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
         key = tl.maximum(key, tl.max(tile, axis=0))
     target = 2147483647 - (key & 2147483647)  # (BLOCK,) int64: the index half of the key
     tl.store(target_ptr + rows, target, mask=live)
+    target = target.to(tl.int32)  # vocabulary ids < 2**31: int32 halves the gathers and sums below
 
     # greedy_accept: a node is accepted when it matches its parent's choice and so does every ancestor.
     # Pointer jumping: after k rounds flag[i] covers i and its 2**k - 1 nearest ancestors (the root is its
@@ -82,7 +85,7 @@ def _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
     top = tl.max(tl.where((flag != 0) & live, (depth << 16) | (65535 - i), -1), axis=0)
     best = 65535 - (top & 65535)
     accept = (top >> 16).to(tl.int64)
-    bonus = tl.sum(tl.where(i == best, target, 0), axis=0)
+    bonus = tl.sum(tl.where(i == best, target, 0), axis=0).to(tl.int64)
     tl.store(accept_ptr + b, accept)
     tl.store(best_ptr + b, best.to(tl.int64))
     tl.store(bonus_ptr + b, bonus)

@@ -3,7 +3,8 @@
 #
 #   bash scripts/gpu/scenes.sh OUTDIR        (CUDA_VISIBLE_DEVICES picks the GPU)
 #   SCENES_TOTAL=S SCENES_BUILD_LIMIT=B: other time limits; SCENES_BUILD_ARGS="--set training.max_seconds=300": any
-#   build arguments (the default build plans for the limits below).
+#   build arguments. The whole default build (~11 min) is more than one lent-GPU call: run the base stage, then
+#   the heads on a copy of it: SCENES_FROM=DIR SCENES_BUILD_ARGS="--stage heads" (DIR: a build, e.g. the zoo's).
 #
 # Writes to OUTDIR: build.log, manifest.json, bench.json + bench.log (when the build completed), status.txt, and
 # the build directory as scenes-tiny.tar.part-aa, -ab, ... (15 MB each; `cat OUTDIR/scenes-tiny.tar.part-* | tar
@@ -26,6 +27,7 @@ cd "$ROOT"
 left() { echo $((TOTAL - ($(date +%s) - START))); }
 
 rm -rf "$BUILD"
+if [ -n "${SCENES_FROM:-}" ]; then cp -r "$SCENES_FROM" "$BUILD" || exit 1; fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/status.txt" 2>&1 || true
 timeout -k 5 "$BUILD_LIMIT" "$PY" -m eagle_mm.zoo.scenes_tiny build --out "$BUILD" --seed 0 --device "$DEVICE" \
     ${SCENES_BUILD_ARGS:-} > "$OUT/build.log" 2>&1

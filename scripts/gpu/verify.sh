@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Greedy verify kernel on one H200, one call (<= 420 s): the kernel tests on the GPU (TRITON_INTERPRET=0, bit-exact
+# Greedy verify kernel on one H200, one call (<= 420 s; PROBE=1 up to 380 s more): the kernel tests on the GPU (TRITON_INTERPRET=0, bit-exact
 # against the torch reference; the packed-pair argmax and pdl run only there), the dynamic-cache decode with the
 # kernel against generate, then bench_verify.py at every shape (defaults, plus the given variants) and its tilings
-# sweep at N=64, V=128k. PROBE=1 adds bench/probe_walk.py (walk stage clocks, argmax-only tilings).
+# sweep at N=64, V=128k. PROBE=1 adds the probes: bench/probe_walk.py (walk stage clocks, argmax-only tilings),
+# bench/probe_pdl.py (what the second launch costs), bench/probe_tma.py (the argmax through TMA loads).
 #   bash scripts/gpu/verify.sh OUTDIR ["--variant packed=0,pdl=0 ..."]
 set -u
 OUT=${1:?usage: verify.sh OUTDIR [variant args]}
@@ -26,4 +27,6 @@ timeout 80 python3 bench/bench_verify.py --nodes 64 --vocab 128256 --tilings --o
 if [ -n "${PROBE:-}" ]; then
   timeout 140 python3 bench/probe_walk.py --nodes 64 --warps 4 --argmax-sweep --out "$OUT/probe.json" 2>> "$OUT/verify.log"
   log "probe rc=$?"
+  timeout 120 python3 bench/probe_pdl.py --out "$OUT/probe_pdl.json" 2>> "$OUT/verify.log"; log "probe_pdl rc=$?"
+  timeout 120 python3 bench/probe_tma.py --out "$OUT/probe_tma.json" 2>> "$OUT/verify.log"; log "probe_tma rc=$?"
 fi
