@@ -25,6 +25,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from eagle_mm.kernels.triton_argmax import _slice_key_any
+from eagle_mm.kernels.triton_greedy import _merged_target
 
 EMPTY = -9223372036854775807
 
@@ -47,13 +48,8 @@ def _tail(key_ptr, target_ptr, n, S, R, MODE: tl.constexpr, BLOCK: tl.constexpr,
     if MODE == 0:  # null
         tl.store(target_ptr, 1)
     elif MODE == 1:  # merge the splits, as the library's walk does
-        s_ids = tl.arange(0, S_TILE)
-        key = tl.full((BLOCK,), -9223372036854775807, tl.int64)
-        for s0 in range(0, S, S_TILE):
-            tile = tl.load(key_ptr + (s0 + s_ids)[:, None].to(tl.int64) * R + i[None, :],
-                           mask=((s0 + s_ids) < S)[:, None] & live[None, :], other=-9223372036854775807)
-            key = tl.maximum(key, tl.max(tile, axis=0))
-        tl.store(target_ptr + i, 2147483647 - (key & 2147483647), mask=live)
+        target = _merged_target(key_ptr, i.to(tl.int64), live, S, R, BLOCK, S_TILE, False)
+        tl.store(target_ptr + i, target, mask=live)
     else:  # keys merged by the argmax: read one per node, empty them
         key = tl.load(key_ptr + i, mask=live, other=-9223372036854775807)
         tl.store(key_ptr + i, tl.full((BLOCK,), -9223372036854775807, tl.int64), mask=live)
@@ -66,9 +62,7 @@ def pipeline(mode: str, block_v: int, warps: int, pps: int, keys_store: dict):
     def run(logits, *_):
         B, n, V = logits.shape
         R = B * n
-        S = tg._pick_splits(R, V, block_v, logits.device, pps)
-        chunk = triton.cdiv(triton.cdiv(V, S), block_v) * block_v
-        S = triton.cdiv(V, chunk)
+        S, chunk = tg._split_grid(R, V, block_v, logits.device, pps)
         atomic = mode == "atomic merge"
         if atomic:
             if "keys" not in keys_store:

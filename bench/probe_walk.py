@@ -1,6 +1,6 @@
 """Where the greedy verify kernel spends its time, on a CUDA GPU: the walk's stages, the argmax's tilings.
 
-A copy of `eagle_mm.kernels.triton_greedy._walk` with `%clock64` read after each stage (each reading
+`eagle_mm.kernels.triton_greedy._walk`'s stages (its own helpers) with `%clock64` read after each stage (each reading
 depends on the stage's result, so it cannot move ahead of it). It runs one program per call over keys of
 an earlier argmax, many times; prints the median cycles per stage and in ns at the SM clock.
 --argmax-sweep also times the argmax launch alone (no walk) over block_v x warps x programs per SM, packed
@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eagle_mm.kernels.triton_greedy import _MERGE_TILE  # noqa: F401  (same tile rule as the kernel)
+from eagle_mm.kernels.triton_greedy import _MERGE_TILE, _accepted, _deepest, _merged_target, _path
 
 STAGES = ("tree loads", "key merge", "ok (gather)", "pointer jumping", "best (max)", "bonus (sum)", "path loop",
           "stores")
@@ -35,41 +35,28 @@ def _clock(dep):
 def _walk_probe(part_key_ptr, tokens_ptr, parent_ptr, depth_ptr, target_ptr, out_ptr, clock_ptr,
                 n_nodes, S, R, lift_rounds, max_depth,
                 BLOCK: tl.constexpr, S_TILE: tl.constexpr):
+    # The library walk's stages (its own helpers), row 0, with a clock reading after each.
     t0 = _clock(tl.program_id(0))
     i = tl.arange(0, BLOCK)
     live = i < n_nodes
     tokens = tl.load(tokens_ptr + i, mask=live, other=-1).to(tl.int64)
+    tokens = tl.where((tokens >= 0) & (tokens < 2147483648), tokens, -1).to(tl.int32)
     parent = tl.load(parent_ptr + i, mask=live, other=0).to(tl.int32)
     depth = tl.load(depth_ptr + i, mask=live, other=0).to(tl.int32)
-    t1 = _clock(tokens.to(tl.int32) + parent + depth)  # per lane: no extra reduction in the measured path
+    t1 = _clock(tokens + parent + depth)  # per lane: no extra reduction in the measured path
     rows = i.to(tl.int64)
-    cols = tl.arange(0, S_TILE)
-    key = tl.full((BLOCK,), -9223372036854775807, tl.int64)
-    for s0 in range(0, S, S_TILE):
-        tile = tl.load(part_key_ptr + (s0 + cols)[:, None].to(tl.int64) * R + rows[None, :],
-                       mask=((s0 + cols) < S)[:, None] & live[None, :], other=-9223372036854775807)
-        key = tl.maximum(key, tl.max(tile, axis=0))
-    target = 2147483647 - (key & 2147483647)
+    target = _merged_target(part_key_ptr, rows, live, S, R, BLOCK, S_TILE, False)
     t2 = _clock(target.to(tl.int32))
-    ok = ((tokens == tl.gather(target, parent, 0)) | (i == 0)) & live
+    target32 = target.to(tl.int32)
+    ok = ((tokens == tl.gather(target32, parent, 0)) | (i == 0)) & live
     t3 = _clock(ok.to(tl.int32))
-    anc = parent
-    flag = ok.to(tl.int32)
-    for _round in range(0, lift_rounds):
-        packed = tl.gather((anc << 1) | flag, anc, 0)
-        flag = flag & packed
-        anc = packed >> 1
+    flag = _accepted(ok, parent, lift_rounds)
     t4 = _clock(flag)
-    top = tl.max(tl.where(flag != 0, (depth << 16) | (65535 - i), -1), axis=0)
-    best = 65535 - (top & 65535)
-    accept = top >> 16
+    best, accept = _deepest(flag, live, depth, i)
     t5 = _clock(best)
-    bonus = tl.sum(tl.where(i == best, target, 0), axis=0)
+    bonus = tl.sum(tl.where(i == best, target32, 0), axis=0).to(tl.int64)
     t6 = _clock(bonus.to(tl.int32))
-    node = tl.full((BLOCK,), 0, tl.int32) + best
-    hops = accept - i
-    for step in range(0, max_depth):
-        node = tl.where(step < hops, tl.gather(parent, node, 0), node)
+    node = _path(parent, best, accept, i, max_depth, BLOCK)
     t7 = _clock(node)
     tl.store(target_ptr + rows, target, mask=live)
     tl.store(out_ptr, accept.to(tl.int64))
@@ -151,9 +138,7 @@ def _argmax_launch(logits, block_v, warps, pps, packed, tile=1):
     from eagle_mm.kernels import triton_greedy as tg
 
     B, n, V = logits.shape
-    S = tg._pick_splits(B * n, V, block_v, logits.device, pps)  # at most pps programs per SM
-    chunk = triton.cdiv(triton.cdiv(V, S), block_v) * block_v
-    S = triton.cdiv(V, chunk)
+    S, chunk = tg._split_grid(B * n, V, block_v, logits.device, pps)  # at most pps programs per SM
     keys = torch.empty(S * B * n, dtype=torch.int64, device=logits.device)
     return tg._argmax_partial[(B * n, S)](logits, keys, n, V, chunk, logits.stride(0), logits.stride(1), B * n,
                                           BLOCK_V=block_v, UNROLL=1, STAGES=1, TILE=tile, PACKED=packed, PDL=False,

@@ -36,6 +36,57 @@ __all__ = ["verify_greedy_triton"]
 
 
 @triton.jit
+def _merged_target(part_key_ptr, rows, live, S, R, BLOCK: tl.constexpr, S_TILE: tl.constexpr,
+                   VOLATILE: tl.constexpr):
+    """(BLOCK,) int64: the target's argmax after each node, from the max of its splits' keys part_key[s, r]
+    (the order keys compose). S_TILE splits per load, all issued at once, each split's keys contiguous
+    over the nodes. VOLATILE: read past L1."""
+    s_ids = tl.arange(0, S_TILE)
+    key = tl.full((BLOCK,), -9223372036854775807, tl.int64)
+    for s0 in range(0, S, S_TILE):
+        tile = tl.load(part_key_ptr + (s0 + s_ids)[:, None].to(tl.int64) * R + rows[None, :],
+                       mask=((s0 + s_ids) < S)[:, None] & live[None, :], other=-9223372036854775807,
+                       volatile=VOLATILE)  # (S_TILE, BLOCK)
+        key = tl.maximum(key, tl.max(tile, axis=0))
+    return 2147483647 - (key & 2147483647)  # the index half of the key (`triton_argmax._order_key`)
+
+
+@triton.jit
+def _accepted(ok, parent, lift_rounds):
+    """(BLOCK,) int32 flags: node i and every ancestor matched their parent's choice (ok, int1).
+    Pointer jumping: after k rounds flag[i] covers i and its 2**k - 1 nearest ancestors (the root is its
+    own parent), so ceil(log2(max_depth + 1)) rounds cover every chain; one gather per round, of
+    (ancestor, flag) packed in one int32 (max_depth rounds of one-step gathers cost twice as many)."""
+    anc = parent
+    flag = ok.to(tl.int32)
+    for _round in range(0, lift_rounds):
+        packed = tl.gather((anc << 1) | flag, anc, 0)
+        flag = flag & packed
+        anc = packed >> 1
+    return flag
+
+
+@triton.jit
+def _deepest(flag, live, depth, i):
+    """(best, accept) int32 scalars: the deepest accepted node, lowest index on ties (torch.argmax order),
+    in one max: depth above, 65535 - index below (depth < 2**15, index < 2**16). The root is always
+    accepted."""
+    top = tl.max(tl.where((flag != 0) & live, (depth << 16) | (65535 - i), -1), axis=0)
+    return 65535 - (top & 65535), top >> 16
+
+
+@triton.jit
+def _path(parent, best, accept, i, max_depth, BLOCK: tl.constexpr):
+    """(BLOCK,) int32, path_indices: column j holds parent^max(d - j, 0)(best), d = depth[best] = accept;
+    j in [0, max_depth]."""
+    node = tl.full((BLOCK,), 0, tl.int32) + best
+    hops = accept - i  # (BLOCK,) hops still to take in column j = i
+    for step in range(0, max_depth):
+        node = tl.where(step < hops, tl.gather(parent, node, 0), node)
+    return node
+
+
+@triton.jit
 def _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
           target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr,
           n_nodes, S, R, lift_rounds, max_depth, stride_tok, stride_par, stride_dep,
@@ -44,7 +95,7 @@ def _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
     """Walk row b's tree; every vector below is (BLOCK,) >= max(N+1, D+1). The argmax keys are
     part_key[s, r] for split s of row-node r (R = B*(N+1) columns). VOLATILE: read the keys past L1, for
     the fused kernel, where other programs wrote them during this launch. PDL: the tree is read while
-    the argmax grid still runs, its keys only after gdc_wait."""
+    the argmax grid still runs, its keys only after gdc_wait. bench/probe_walk.py times the same stages."""
     i = tl.arange(0, BLOCK)
     live = i < n_nodes
     tokens = tl.load(tokens_ptr + b.to(tl.int64) * stride_tok + i, mask=live, other=-1).to(tl.int64)
@@ -55,47 +106,19 @@ def _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
     if PDL:
         gdc_wait()
     rows = b.to(tl.int64) * n_nodes + i  # row-node ids, as the argmax grid numbers them
-
-    # Merge the splits of each node -> the target's argmax after each node (the order keys compose).
-    # S_TILE splits per load, all issued at once, each split's keys contiguous over the nodes.
-    s_ids = tl.arange(0, S_TILE)
-    key = tl.full((BLOCK,), -9223372036854775807, tl.int64)
-    for s0 in range(0, S, S_TILE):
-        tile = tl.load(part_key_ptr + (s0 + s_ids)[:, None].to(tl.int64) * R + rows[None, :],
-                       mask=((s0 + s_ids) < S)[:, None] & live[None, :], other=-9223372036854775807,
-                       volatile=VOLATILE)  # (S_TILE, BLOCK)
-        key = tl.maximum(key, tl.max(tile, axis=0))
-    target = 2147483647 - (key & 2147483647)  # (BLOCK,) int64: the index half of the key
+    target = _merged_target(part_key_ptr, rows, live, S, R, BLOCK, S_TILE, VOLATILE)  # (BLOCK,) int64
     tl.store(target_ptr + rows, target, mask=live)
     target = target.to(tl.int32)  # vocabulary ids < 2**31: int32 halves the gathers and sums below
 
     # greedy_accept: a node is accepted when it matches its parent's choice and so does every ancestor.
-    # Pointer jumping: after k rounds flag[i] covers i and its 2**k - 1 nearest ancestors (the root is its
-    # own parent), so ceil(log2(max_depth + 1)) rounds cover every chain; one gather per round, of
-    # (ancestor, flag) packed in one int32 (max_depth rounds of one-step gathers cost twice as many).
     ok = ((tokens == tl.gather(target, parent, 0)) | (i == 0)) & live
-    anc = parent
-    flag = ok.to(tl.int32)
-    for _round in range(0, lift_rounds):
-        packed = tl.gather((anc << 1) | flag, anc, 0)
-        flag = flag & packed
-        anc = packed >> 1
-    # The deepest accepted node, lowest index on ties (torch.argmax order), in one max: depth above,
-    # 65535 - index below (depth < 2**15, index < 2**16). The root is always accepted.
-    top = tl.max(tl.where((flag != 0) & live, (depth << 16) | (65535 - i), -1), axis=0)
-    best = 65535 - (top & 65535)
-    accept = (top >> 16).to(tl.int64)
+    best, accept = _deepest(_accepted(ok, parent, lift_rounds), live, depth, i)
     bonus = tl.sum(tl.where(i == best, target, 0), axis=0).to(tl.int64)
-    tl.store(accept_ptr + b, accept)
+    tl.store(accept_ptr + b, accept.to(tl.int64))
     tl.store(best_ptr + b, best.to(tl.int64))
     tl.store(bonus_ptr + b, bonus)
-
     if WITH_PATH:
-        # path_indices: column j holds parent^max(d - j, 0)(best), d = depth[best]; j in [0, max_depth].
-        node = tl.full((BLOCK,), 0, tl.int32) + best
-        hops = accept.to(tl.int32) - i  # (BLOCK,) hops still to take in column j = i
-        for step in range(0, max_depth):
-            node = tl.where(step < hops, tl.gather(parent, node, 0), node)
+        node = _path(parent, best, accept, i, max_depth, BLOCK)
         tl.store(path_ptr + b.to(tl.int64) * (max_depth + 1) + i, node.to(tl.int64), mask=i <= max_depth)
 
 
@@ -173,6 +196,14 @@ def _pick_splits(rows: int, V: int, block_v: int, device: torch.device, programs
     # (measured on an H200: 7.16 -> 6.82 us for the argmax alone at N=64, V=128k).
     want = programs_per_sm * _sm_count(index) // rows
     return max(1, min(want, -(-V // block_v), 64))
+
+
+def _split_grid(rows: int, V: int, block_v: int, device: torch.device, programs_per_sm: int,
+                splits: int | None = None) -> tuple[int, int]:
+    """(splits, chunk): each split covers whole BLOCK_V chunks, and none starts past V."""
+    S = splits or _pick_splits(rows, V, block_v, device, programs_per_sm)
+    chunk = triton.cdiv(triton.cdiv(V, S), block_v) * block_v
+    return triton.cdiv(V, chunk), chunk
 
 
 @functools.lru_cache(maxsize=None)
@@ -271,10 +302,7 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
     num_warps = num_warps or (8 if block_v >= 2048 else 4)
     if packed:
         num_warps = max(1, min(num_warps, block_v * tile // 64))
-    S = splits or _pick_splits(B * n_nodes, V, block_v, logits.device, programs_per_sm or 4)
-    # Each split covers whole BLOCK_V chunks; drop splits that would start past V.
-    chunk = triton.cdiv(triton.cdiv(V, S), block_v) * block_v
-    S = triton.cdiv(V, chunk)
+    S, chunk = _split_grid(B * n_nodes, V, block_v, logits.device, programs_per_sm or 4, splits)
     if packed and triton.cdiv(chunk, block_v * tile) >= 2**15:  # the packed loop counts chunks in int16
         raise ValueError(f"packed: {triton.cdiv(chunk, block_v * tile)} chunks per split is over 32767; "
                          "raise block_v, tile or splits")
