@@ -133,21 +133,24 @@ def walk_only(D: int, warps: int = 4):
         out = torch.empty(B * n + 3 * B + B * (D + 1), dtype=torch.int64, device=logits.device)
         target, accept, best, bonus, path = torch.split(out, (B * n, B, B, B, B * (D + 1)))
         block = triton.next_power_of_2(max(n, D + 1))
+        bits = tg.bits_fit(block, D)  # the walk the library picks for this tree
         tg._walk_tree[(B,)](key, tokens, parent, depth, target, accept, best, bonus, path, n, S, B * n,
                             D.bit_length(), D, tokens.stride(0), parent.stride(0), depth.stride(0), BLOCK=block,
                             S_TILE=min(triton.next_power_of_2(S), max(1, tg._MERGE_TILE // block)),
-                            WITH_PATH=True, PDL=False, num_warps=warps)
+                            WITH_PATH=True, PDL=False, BITS=bits, W=triton.cdiv(block, 64),
+                            PW=1 if D < 8 else 2, num_warps=warps)
         return out
 
     return walk
 
 
 def parse_variant(spec: str) -> dict:
-    """'tile=4,pdl=1' -> {'tile': 4, 'pdl': True} (ints, and 0/1 for the bool options)."""
+    """'tile=4,pdl=1,walk=jump' -> {'tile': 4, 'pdl': True, 'walk': 'jump'} (0/1 for the bool options, walk a
+    name, the rest ints)."""
     kw = {}
     for item in spec.split(","):
         k, _, v = item.partition("=")
-        kw[k] = bool(int(v)) if k in ("pdl", "fused", "packed") else int(v)
+        kw[k] = bool(int(v)) if k in ("pdl", "fused", "packed") else v if k == "walk" else int(v)
     return kw
 
 

@@ -25,7 +25,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from eagle_mm.kernels.triton_argmax import _slice_key_any
-from eagle_mm.kernels.triton_greedy import _merged_target
+from eagle_mm.kernels.triton_walk import _merged_target
 
 EMPTY = -9223372036854775807
 

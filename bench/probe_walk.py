@@ -1,6 +1,6 @@
 """Where the greedy verify kernel spends its time, on a CUDA GPU: the walk's stages, the argmax's tilings.
 
-`eagle_mm.kernels.triton_greedy._walk`'s stages (its own helpers) with `%clock64` read after each stage (each reading
+`eagle_mm.kernels.triton_walk._walk_jump`'s stages (its own helpers) with `%clock64` read after each stage (each reading
 depends on the stage's result, so it cannot move ahead of it). It runs one program per call over keys of
 an earlier argmax, many times; prints the median cycles per stage and in ns at the SM clock.
 --argmax-sweep also times the argmax launch alone (no walk) over block_v x warps x programs per SM, packed
@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from eagle_mm.kernels.triton_greedy import _MERGE_TILE, _accepted, _deepest, _merged_target, _path
+from eagle_mm.kernels.triton_greedy import _MERGE_TILE
+from eagle_mm.kernels.triton_walk import _accepted, _deepest, _merged_target, _path
 
 STAGES = ("tree loads", "key merge", "ok (gather)", "pointer jumping", "best (max)", "bonus (sum)", "path loop",
           "stores")

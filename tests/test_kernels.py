@@ -23,8 +23,9 @@ SM90 = DEVICE == "cuda" and torch.cuda.get_device_capability() >= (9, 0)  # pack
 FIELDS = ("accept_len", "best", "bonus", "path", "target")
 
 
-def random_tree(B: int, n: int, gen: torch.Generator):
-    """Random valid trees (B, n): parent[i] < i, drawn near i half the time so trees get deep."""
+def random_tree(B: int, n: int, gen: torch.Generator, max_depth: int | None = None):
+    """Random valid trees (B, n): parent[i] < i, drawn near i half the time so trees get deep; with
+    ``max_depth``, only among the nodes above that depth (wide, shallow trees)."""
     parent = torch.zeros(B, n, dtype=torch.long)
     depth = torch.zeros(B, n, dtype=torch.long)
     for b in range(B):
@@ -32,11 +33,14 @@ def random_tree(B: int, n: int, gen: torch.Generator):
             near = torch.randint(0, 2, (1,), generator=gen).item()
             lo = max(0, i - 3) if near else 0
             p = torch.randint(lo, i, (1,), generator=gen).item()
+            if max_depth is not None and depth[b, p] >= max_depth:
+                ok = (depth[b, :i] < max_depth).nonzero().flatten()
+                p = ok[torch.randint(0, len(ok), (1,), generator=gen)].item()
             parent[b, i], depth[b, i] = p, depth[b, p] + 1
     return parent, depth
 
 
-def make_case(B: int, n: int, V: int, dtype: torch.dtype, seed: int):
+def make_case(B: int, n: int, V: int, dtype: torch.dtype, seed: int, max_depth: int | None = None):
     """Logits whose argmax follows a random root-to-node path (so long acceptances happen), with ties.
 
     Ties: each node's max value is copied to a few other tokens, some before the planted one, so the
@@ -44,7 +48,7 @@ def make_case(B: int, n: int, V: int, dtype: torch.dtype, seed: int):
     nodes of one depth are accepted and `best` depends on the lowest-index rule too.
     """
     gen = torch.Generator().manual_seed(seed)
-    parent, depth = random_tree(B, n, gen)
+    parent, depth = random_tree(B, n, gen, max_depth)
     tokens = torch.randint(0, V, (B, n), generator=gen)
     logits = torch.randn(B, n, V, generator=gen).to(dtype)
     for b in range(B):
@@ -235,16 +239,46 @@ def test_pdl_needs_cuda_two_launch():
 @needs_triton
 @pytest.mark.parametrize("fused", (False, True))
 def test_split_merge_in_several_tiles(monkeypatch, fused):
-    """The walk merges the splits' keys a tile of columns at a time; with 2-column tiles, 5 splits take
-    three loads (the last one half masked), and ties across splits still go to the lowest index."""
+    """The jump walk merges the splits' keys a tile of columns at a time; with 2-column tiles, 5 splits
+    take three loads (the last one half masked), and ties across splits still go to the lowest index."""
     from eagle_mm.kernels import triton_greedy
     monkeypatch.setattr(triton_greedy, "_MERGE_TILE", 16)  # block 8 (N+1 = 7) -> 2 splits per tile
     V = 300
     logits, tokens, parent, depth, D = make_case(2, 7, V, torch.float32, seed=11)
     top = logits.amax(-1).max().item() + 2
     logits[1, 2, [290, 10, 150]] = top  # splits 4, 0 and 2 of 5 (block_v 16: chunks of 64)
-    got = run_both(logits, tokens, parent, depth, D, block_v=16, splits=5, fused=fused)
+    got = run_both(logits, tokens, parent, depth, D, block_v=16, splits=5, fused=fused, walk="jump")
     assert got[4][1, 2].item() == 10
+
+
+# (B, N+1, max tree depth): one, two and four 64-bit words of node bits in the bits walk (8 / 128 / 256 lanes),
+# and path rows of one and two words (depth < 8, depth 8-15).
+WALK_TREES = [(2, 7, None), (2, 100, 4), (1, 200, 6), (1, 30, 12)]
+
+
+@needs_triton
+@pytest.mark.parametrize("fused", (False, True))
+@pytest.mark.parametrize("walk", ("bits", "jump"))
+@pytest.mark.parametrize("B, n, tree_depth", WALK_TREES)
+def test_walks(B, n, tree_depth, walk, fused):
+    """Both walks on trees whose node sets take one, two and four words, with and without the path."""
+    case = make_case(B, n, 97, torch.float32, seed=n, max_depth=tree_depth)
+    got = run_both(*case, walk=walk, fused=fused, block_v=32, splits=2)
+    assert got[0][0] > 0, "make_case planted a path in row 0, yet nothing was accepted"
+    run_both(*case, with_path=False, walk=walk, fused=fused, block_v=32, splits=2)
+
+
+def test_walk_option_errors():
+    from eagle_mm.kernels.triton_greedy import verify_greedy_triton
+    logits, tokens, parent, depth, D = make_case(1, 7, 97, torch.float32, seed=1)
+    with pytest.raises(ValueError, match="walk must be"):
+        verify_greedy_triton(logits, tokens, parent, depth, D, walk="deep")
+    logits, tokens, parent, depth, D = make_case(1, 300, 5, torch.float32, seed=1, max_depth=3)
+    with pytest.raises(ValueError, match="got 512 lanes"):  # 300 nodes: 512 lanes, over the bits walk's 256
+        verify_greedy_triton(logits, tokens, parent, depth, D, walk="bits")
+    logits, tokens, parent, depth, D = make_case(1, 7, 5, torch.float32, seed=1)
+    with pytest.raises(ValueError, match="max_depth = 16"):  # a path row of 17 bytes: over the bits walk's 16
+        verify_greedy_triton(logits, tokens, parent, depth, 16, walk="bits")
 
 
 def counter_key() -> torch.device:

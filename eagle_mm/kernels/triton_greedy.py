@@ -1,16 +1,15 @@
-"""Triton greedy tree verification: the argmax over the vocabulary (`triton_argmax`), then the tree walk.
+"""Triton greedy tree verification: the argmax over the vocabulary (`triton_argmax`), then the tree walk
+(`triton_walk`).
 
 Argmax: `_argmax_partial`, one program per (row-node r, split s), stores the key of its slice at
 part_key[s, r]. The memory floor is reading the (B, N+1, V) logits once; the rest is bytes per node.
-Walk (`_walk`): one program per row merges the splits (a max over their keys), then does what
-`eagle_mm.tree.greedy_accept` + `path_indices` do, on register vectors of the N+1 nodes: accepted
-flags by pointer jumping (ceil(log2(D+1)) gathers), the deepest accepted node by one max, the path by
-D gathers.
+Walk: one program per row merges the splits (a max over their keys) and finds the accepted path, the
+bonus token and the path indices (`triton_walk`: the bits walk for trees that fit, else pointer jumping).
 
 Two ways to run them, same results bit for bit:
   two launches (default): `_argmax_partial`, then `_walk_tree`. On sm_90+ (pdl) the walk is launched
-  early (programmatic dependent launch): it reads the tree while the argmax still runs and waits for it
-  (gdc_wait) before reading a key, which hides its launch.
+  early (programmatic dependent launch): it reads the tree and builds its tables while the argmax still
+  runs and waits for it (gdc_wait) before reading a key, which hides its launch.
   one launch (fused=True): `_argmax_walk`; each program stores its key and takes a ticket from its row's
   counter; the program that takes the row's last ticket walks that row and resets the counter to 0.
   Measured on an H200 it is no faster than two launches (docs/benchmarks.md).
@@ -31,95 +30,9 @@ except ImportError:  # a Triton without grid dependency control: the walk is nev
     gdc_launch_dependents = gdc_wait = None
 
 from .triton_argmax import _slice_key_any
+from .triton_walk import BITS_MAX_BLOCK, BITS_MAX_DEPTH, _walk, bits_fit
 
 __all__ = ["verify_greedy_triton"]
-
-
-@triton.jit
-def _merged_target(part_key_ptr, rows, live, S, R, BLOCK: tl.constexpr, S_TILE: tl.constexpr,
-                   VOLATILE: tl.constexpr):
-    """(BLOCK,) int64: the target's argmax after each node, from the max of its splits' keys part_key[s, r]
-    (the order keys compose). S_TILE splits per load, all issued at once, each split's keys contiguous
-    over the nodes. VOLATILE: read past L1."""
-    s_ids = tl.arange(0, S_TILE)
-    key = tl.full((BLOCK,), -9223372036854775807, tl.int64)
-    for s0 in range(0, S, S_TILE):
-        tile = tl.load(part_key_ptr + (s0 + s_ids)[:, None].to(tl.int64) * R + rows[None, :],
-                       mask=((s0 + s_ids) < S)[:, None] & live[None, :], other=-9223372036854775807,
-                       volatile=VOLATILE)  # (S_TILE, BLOCK)
-        key = tl.maximum(key, tl.max(tile, axis=0))
-    return 2147483647 - (key & 2147483647)  # the index half of the key (`triton_argmax._order_key`)
-
-
-@triton.jit
-def _accepted(ok, parent, lift_rounds):
-    """(BLOCK,) int32 flags: node i and every ancestor matched their parent's choice (ok, int1).
-    Pointer jumping: after k rounds flag[i] covers i and its 2**k - 1 nearest ancestors (the root is its
-    own parent), so ceil(log2(max_depth + 1)) rounds cover every chain; one gather per round, of
-    (ancestor, flag) packed in one int32 (max_depth rounds of one-step gathers cost twice as many)."""
-    anc = parent
-    flag = ok.to(tl.int32)
-    for _round in range(0, lift_rounds):
-        packed = tl.gather((anc << 1) | flag, anc, 0)
-        flag = flag & packed
-        anc = packed >> 1
-    return flag
-
-
-@triton.jit
-def _deepest(flag, live, depth, i):
-    """(best, accept) int32 scalars: the deepest accepted node, lowest index on ties (torch.argmax order),
-    in one max: depth above, 65535 - index below (depth < 2**15, index < 2**16). The root is always
-    accepted."""
-    top = tl.max(tl.where((flag != 0) & live, (depth << 16) | (65535 - i), -1), axis=0)
-    return 65535 - (top & 65535), top >> 16
-
-
-@triton.jit
-def _path(parent, best, accept, i, max_depth, BLOCK: tl.constexpr):
-    """(BLOCK,) int32, path_indices: column j holds parent^max(d - j, 0)(best), d = depth[best] = accept;
-    j in [0, max_depth]."""
-    node = tl.full((BLOCK,), 0, tl.int32) + best
-    hops = accept - i  # (BLOCK,) hops still to take in column j = i
-    for step in range(0, max_depth):
-        node = tl.where(step < hops, tl.gather(parent, node, 0), node)
-    return node
-
-
-@triton.jit
-def _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
-          target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr,
-          n_nodes, S, R, lift_rounds, max_depth, stride_tok, stride_par, stride_dep,
-          BLOCK: tl.constexpr, S_TILE: tl.constexpr, WITH_PATH: tl.constexpr, VOLATILE: tl.constexpr,
-          PDL: tl.constexpr):
-    """Walk row b's tree; every vector below is (BLOCK,) >= max(N+1, D+1). The argmax keys are
-    part_key[s, r] for split s of row-node r (R = B*(N+1) columns). VOLATILE: read the keys past L1, for
-    the fused kernel, where other programs wrote them during this launch. PDL: the tree is read while
-    the argmax grid still runs, its keys only after gdc_wait. bench/probe_walk.py times the same stages."""
-    i = tl.arange(0, BLOCK)
-    live = i < n_nodes
-    tokens = tl.load(tokens_ptr + b.to(tl.int64) * stride_tok + i, mask=live, other=-1).to(tl.int64)
-    # int32 below (it halves the gathers); a token outside [0, 2**31) matches no argmax, and stays so as -1
-    tokens = tl.where((tokens >= 0) & (tokens < 2147483648), tokens, -1).to(tl.int32)
-    parent = tl.load(parent_ptr + b.to(tl.int64) * stride_par + i, mask=live, other=0).to(tl.int32)
-    depth = tl.load(depth_ptr + b.to(tl.int64) * stride_dep + i, mask=live, other=0).to(tl.int32)
-    if PDL:
-        gdc_wait()
-    rows = b.to(tl.int64) * n_nodes + i  # row-node ids, as the argmax grid numbers them
-    target = _merged_target(part_key_ptr, rows, live, S, R, BLOCK, S_TILE, VOLATILE)  # (BLOCK,) int64
-    tl.store(target_ptr + rows, target, mask=live)
-    target = target.to(tl.int32)  # vocabulary ids < 2**31: int32 halves the gathers and sums below
-
-    # greedy_accept: a node is accepted when it matches its parent's choice and so does every ancestor.
-    ok = ((tokens == tl.gather(target, parent, 0)) | (i == 0)) & live
-    best, accept = _deepest(_accepted(ok, parent, lift_rounds), live, depth, i)
-    bonus = tl.sum(tl.where(i == best, target, 0), axis=0).to(tl.int64)
-    tl.store(accept_ptr + b, accept.to(tl.int64))
-    tl.store(best_ptr + b, best.to(tl.int64))
-    tl.store(bonus_ptr + b, bonus)
-    if WITH_PATH:
-        node = _path(parent, best, accept, i, max_depth, BLOCK)
-        tl.store(path_ptr + b.to(tl.int64) * (max_depth + 1) + i, node.to(tl.int64), mask=i <= max_depth)
 
 
 @triton.jit
@@ -139,13 +52,14 @@ def _argmax_partial(logits_ptr, part_key_ptr, n_nodes, V, chunk, stride_b, strid
 def _walk_tree(part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
                target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr,
                n_nodes, S, R, lift_rounds, max_depth, stride_tok, stride_par, stride_dep,
-               BLOCK: tl.constexpr, S_TILE: tl.constexpr, WITH_PATH: tl.constexpr, PDL: tl.constexpr):
+               BLOCK: tl.constexpr, S_TILE: tl.constexpr, WITH_PATH: tl.constexpr, PDL: tl.constexpr,
+               BITS: tl.constexpr, W: tl.constexpr, PW: tl.constexpr):
     # grid (B,): one program walks one row's tree; the keys come from the previous launch (with PDL that
     # launch may still run: _walk waits for it before reading a key).
     _walk(tl.program_id(0), part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
           target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr,
           n_nodes, S, R, lift_rounds, max_depth, stride_tok, stride_par, stride_dep, BLOCK, S_TILE, WITH_PATH,
-          False, PDL)
+          False, PDL, BITS, W, PW)
 
 
 @triton.jit
@@ -154,7 +68,8 @@ def _argmax_walk(logits_ptr, part_key_ptr, count_ptr, tokens_ptr, parent_ptr, de
                  n_nodes, V, chunk, stride_b, stride_n, S, R, lift_rounds, max_depth, stride_tok, stride_par,
                  stride_dep,
                  BLOCK_V: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr, TILE: tl.constexpr,
-                 PACKED: tl.constexpr, BLOCK: tl.constexpr, S_TILE: tl.constexpr, WITH_PATH: tl.constexpr):
+                 PACKED: tl.constexpr, BLOCK: tl.constexpr, S_TILE: tl.constexpr, WITH_PATH: tl.constexpr,
+                 BITS: tl.constexpr, W: tl.constexpr, PW: tl.constexpr):
     # grid (B * (N+1), S), as _argmax_partial; count_ptr: (>= B,) int32, all 0 on entry and on exit.
     r = tl.program_id(0)
     s = tl.program_id(1)
@@ -172,7 +87,7 @@ def _argmax_walk(logits_ptr, part_key_ptr, count_ptr, tokens_ptr, parent_ptr, de
         _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
               target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr,
               n_nodes, S, R, lift_rounds, max_depth, stride_tok, stride_par, stride_dep, BLOCK, S_TILE, WITH_PATH,
-              True, False)
+              True, False, BITS, W, PW)
         # Every ticket of row b is taken, so nobody else touches it in this launch: ready for the next
         # call (and for CUDA-graph replay, which never re-zeroes it).
         tl.store(count_ptr + b, 0)
@@ -225,9 +140,9 @@ def _can_pack(logits: torch.Tensor) -> bool:
     return logits.dtype in (torch.float16, torch.bfloat16) and _hopper(logits.device)
 
 
-# The packed argmax's tiling where the caller gives none: the best of bench/bench_verify.py --tilings on an
-# H200 at N=64, V=128k (docs/benchmarks.md). The exact loop keeps its own defaults.
-_PACKED_TILING = {"block_v": 1024, "num_warps": 8, "programs_per_sm": 4}
+# The packed argmax's tiling where the caller gives none: the best of a sweep of bench/bench_verify.py
+# --variant tilings on an H200 at N=64, V=128k (docs/benchmarks.md, sixth run). The exact loop keeps its own.
+_PACKED_TILING = {"block_v": 2048, "num_warps": 16, "programs_per_sm": 2}
 
 
 _MERGE_TILE = 8192  # int64 keys per merge load in the walk (tests shrink it to run several tiles)
@@ -258,14 +173,15 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
                          splits: int | None = None, block_v: int | None = None, num_warps: int | None = None,
                          programs_per_sm: int | None = None, fused: bool = False, unroll: int = 1, stages: int = 1,
                          walk_warps: int | None = None, tile: int = 1, pdl: bool | None = None,
-                         packed: bool | None = None):
+                         packed: bool | None = None, walk: str | None = None):
     """Triton greedy verification; see `eagle_mm.kernels.dispatch.verify_greedy` for the contract.
 
     Returns (accept_len, best, bonus, path or None, target) with target (B, N+1) the per-node argmax.
     ``packed`` (None = fp16/bf16 on sm_90+) picks the packed-pair argmax, ``pdl`` (None = sm_90+ with two
     launches) the early-launched walk; the defaults come from bench/bench_verify.py --tilings on an H200.
     ``splits`` / ``block_v`` / ``num_warps`` / ``programs_per_sm`` tune the argmax grid, ``tile`` the packed
-    loop (chunks per load), ``unroll`` / ``stages`` the exact one; ``fused``: one launch instead of two.
+    loop (chunks per load), ``unroll`` / ``stages`` the exact one; ``fused``: one launch instead of two;
+    ``walk`` "bits" or "jump" (None = bits where `triton_walk.bits_fit`), ``walk_warps`` its warps.
     Every option gives the same results bit for bit (tests/test_kernels.py, run on an H200 and under the
     interpreter); none reads the device back.
     """
@@ -277,6 +193,14 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
         raise ValueError(f"unroll must be 1 or 2, got {unroll!r}")
     if not isinstance(stages, int) or not 1 <= stages <= 8:
         raise ValueError(f"stages must be an int in [1, 8], got {stages!r}")
+    block = triton.next_power_of_2(max(n_nodes, max_depth + 1))
+    if walk is None:
+        walk = "bits" if bits_fit(block, max_depth) else "jump"
+    if walk not in ("bits", "jump"):
+        raise ValueError(f"walk must be 'bits', 'jump' or None, got {walk!r}")
+    if walk == "bits" and not bits_fit(block, max_depth):
+        raise ValueError(f"walk='bits' takes at most {BITS_MAX_BLOCK} lanes (N+1 <= 256) and max_depth <= "
+                         f"{BITS_MAX_DEPTH}, got {block} lanes (N+1 = {n_nodes}) and max_depth = {max_depth}")
     if tile not in (1, 2, 4, 8):
         raise ValueError(f"tile must be 1, 2, 4 or 8 chunks per load (packed argmax), got {tile!r}")
     if packed is None:  # a caller's chunk too small for pairs picks the exact loop
@@ -312,19 +236,20 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
     buf = torch.empty(sum(sizes), dtype=torch.int64, device=logits.device)
     part_key, target, accept, best, bonus, path = torch.split(buf, sizes)  # part_key: (S, B*(N+1)) keys
     target, path = target.view(B, n_nodes), path.view(B, -1)
-    block = triton.next_power_of_2(max(n_nodes, max_depth + 1))
     s_tile = min(triton.next_power_of_2(S), max(1, _MERGE_TILE // block))  # (s_tile, block) keys per load
     outputs = (target, accept, best, bonus, path if with_path else best)  # a dummy path when unused
     # R columns of keys per split; ceil(log2(max_depth + 1)) pointer-jumping rounds cover every chain.
     walk_args = (n_nodes, S, B * n_nodes, max_depth.bit_length(), max_depth, tree_tokens.stride(0),
                  parent.stride(0), depth.stride(0))
+    # The bits walk's words per node set and per path row (the jump walk ignores them).
+    bits = {"BITS": walk == "bits", "W": triton.cdiv(block, 64), "PW": 1 if max_depth < 8 else 2}
     if fused:
         # The walk runs in the argmax's warps; it is only ~N+1 lanes of work, on one program per row.
         _argmax_walk[(B * n_nodes, S)](logits, part_key, _row_counters(logits.device, B), tree_tokens, parent,
                                        depth, *outputs, n_nodes, V, chunk, logits.stride(0), logits.stride(1),
                                        *walk_args[1:], BLOCK_V=block_v, UNROLL=unroll, STAGES=stages, TILE=tile,
                                        PACKED=packed, BLOCK=block, S_TILE=s_tile, WITH_PATH=with_path,
-                                       num_warps=num_warps)
+                                       num_warps=num_warps, **bits)
     else:
         _argmax_partial[(B * n_nodes, S)](logits, part_key, n_nodes, V, chunk, logits.stride(0), logits.stride(1),
                                           B * n_nodes, BLOCK_V=block_v, UNROLL=unroll, STAGES=stages, TILE=tile,
@@ -332,5 +257,5 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
         launch = {"launch_pdl": True} if pdl else {}  # the interpreter knows no such option
         _walk_tree[(B,)](part_key, tree_tokens, parent, depth, *outputs, *walk_args,
                          BLOCK=block, S_TILE=s_tile, WITH_PATH=with_path, PDL=pdl,
-                         num_warps=walk_warps or (4 if block <= 256 else 8), **launch)
+                         num_warps=walk_warps or (4 if block <= 256 else 8), **bits, **launch)
     return accept, best, bonus, (path if with_path else None), target

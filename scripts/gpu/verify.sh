@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Greedy verify kernel on one H200, one call (<= 420 s; PROBE=1 up to 380 s more): the kernel tests on the GPU (TRITON_INTERPRET=0, bit-exact
+# Greedy verify kernel on one H200, one call (<= 470 s; PROBE=1 up to 580 s more): the kernel tests on the GPU (TRITON_INTERPRET=0, bit-exact
 # against the torch reference; the packed-pair argmax and pdl run only there), the dynamic-cache decode with the
 # kernel against generate, then bench_verify.py at every shape (defaults, plus the given variants) and its tilings
 # sweep at N=64, V=128k. PROBE=1 adds the probes: bench/probe_walk.py (walk stage clocks, argmax-only tilings),
-# bench/probe_pdl.py (what the second launch costs), bench/probe_tma.py (the argmax through TMA loads).
+# bench/probe_pdl.py (what the second launch costs), bench/probe_tma.py (the argmax through TMA loads),
+# bench/probe_timeline.py (when each part runs), bench/probe_argmax.py (the argmax launch's variants).
 #   bash scripts/gpu/verify.sh OUTDIR ["--variant packed=0,pdl=0 ..."]
 set -u
 OUT=${1:?usage: verify.sh OUTDIR [variant args]}
@@ -20,7 +21,7 @@ log "kernel tests rc=$? $(tail -1 "$OUT/test_kernels.log")"
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_static.py -k triton_verify >> "$OUT/test_kernels.log" 2>&1
 log "decode with the kernel rc=$? $(tail -1 "$OUT/test_kernels.log")"
 # shellcheck disable=SC2086
-timeout 100 python3 bench/bench_verify.py $VARIANTS --out "$OUT/verify.json" > "$OUT/verify.md" 2>> "$OUT/verify.log"
+timeout 150 python3 bench/bench_verify.py $VARIANTS --out "$OUT/verify.json" > "$OUT/verify.md" 2>> "$OUT/verify.log"
 log "bench rc=$?"
 timeout 80 python3 bench/bench_verify.py --nodes 64 --vocab 128256 --tilings --out "$OUT/verify_tilings.json" \
   > "$OUT/verify_tilings.md" 2>> "$OUT/verify.log"; log "tilings rc=$?"
@@ -29,4 +30,8 @@ if [ -n "${PROBE:-}" ]; then
   log "probe rc=$?"
   timeout 120 python3 bench/probe_pdl.py --out "$OUT/probe_pdl.json" 2>> "$OUT/verify.log"; log "probe_pdl rc=$?"
   timeout 120 python3 bench/probe_tma.py --out "$OUT/probe_tma.json" 2>> "$OUT/verify.log"; log "probe_tma rc=$?"
+  timeout 100 python3 bench/probe_timeline.py --out "$OUT/probe_timeline.json" 2>> "$OUT/verify.log"
+  log "probe_timeline rc=$?"
+  timeout 100 python3 bench/probe_argmax.py --out "$OUT/probe_argmax.json" 2>> "$OUT/verify.log"
+  log "probe_argmax rc=$?"
 fi
