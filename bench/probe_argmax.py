@@ -53,7 +53,7 @@ def _scan_variant(logits_ptr, out_ptr, n_nodes, V, chunk, stride_b, stride_n, R,
                 idx = lo + n_full * BLOCK_V + offs
                 val = tl.load(base + idx, mask=idx < hi, other=float("-inf"))
                 cur, pos = _pair_update(val, cur, pos, n_full.to(tl.int16))
-            key = _packed_key(cur, pos, lo, hi, offs, BLOCK_V)
+            key = _packed_key(cur, pos, lo, hi, offs, BLOCK_V, False)  # the int64 epilogue, as when measured
         else:
             acc = tl.full((1, BLOCK_V), float("-inf"), tl.float32)
             for start in range(lo, hi, BLOCK_V):
@@ -93,7 +93,8 @@ def main(argv=None) -> int:
                 out = torch.empty(S * n, dtype=torch.int64, device=lg.device)
                 if v is None:
                     tg._argmax_partial[(n, S)](lg, out, n, V, chunk, lg.stride(0), lg.stride(1), n, BLOCK_V=bv,
-                                               UNROLL=1, STAGES=1, TILE=1, PACKED=True, PDL=False, num_warps=w)
+                                               UNROLL=1, STAGES=1, TILE=1, PACKED=True, PDL=False,
+                                               SHORT=chunk <= 65536, num_warps=w)
                 else:
                     _scan_variant[(n, S)](lg, out, n, V, chunk, lg.stride(0), lg.stride(1), n, BLOCK_V=bv, MODE=v[0],
                                           CACHE=v[1], EVICT=v[2], num_warps=w)

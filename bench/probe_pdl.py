@@ -31,12 +31,13 @@ EMPTY = -9223372036854775807
 
 
 @triton.jit
-def _argmax_atomic(logits_ptr, key_ptr, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V: tl.constexpr):
+def _argmax_atomic(logits_ptr, key_ptr, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V: tl.constexpr,
+                   SHORT: tl.constexpr):
     # The library's packed argmax program, merging its key into key_ptr[r] by an atomic max.
     gdc_launch_dependents()
     r = tl.program_id(0)
     key = _slice_key_any(logits_ptr, r, tl.program_id(1), n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, 1, 1, 1,
-                         True)
+                         True, SHORT)
     tl.atomic_max(key_ptr + r, key, sem="relaxed")
 
 
@@ -74,11 +75,11 @@ def pipeline(mode: str, block_v: int, warps: int, pps: int, keys_store: dict):
         w = max(1, min(warps, block_v // 64))
         if atomic:
             _argmax_atomic[(R, S)](logits, keys, n, V, chunk, logits.stride(0), logits.stride(1), BLOCK_V=block_v,
-                                   num_warps=w)
+                                   SHORT=chunk <= 65536, num_warps=w)
         else:
             keys_store["kernel"] = tg._argmax_partial[(R, S)](
                 logits, keys, n, V, chunk, logits.stride(0), logits.stride(1), R, BLOCK_V=block_v, UNROLL=1,
-                STAGES=1, TILE=1, PACKED=True, PDL=mode != "none", num_warps=w)
+                STAGES=1, TILE=1, PACKED=True, PDL=mode != "none", SHORT=chunk <= 65536, num_warps=w)
         if mode != "none":
             block = triton.next_power_of_2(n)
             _tail[(1,)](keys, target, n, S, R, MODE={"null": 0, "merge": 1, "atomic merge": 2}[mode], BLOCK=block,

@@ -42,14 +42,14 @@ def _smid(dep):
 
 @triton.jit
 def _argmax_timed(logits_ptr, part_key_ptr, stamp_ptr, n_nodes, V, chunk, stride_b, stride_n, R,
-                  BLOCK_V: tl.constexpr):
+                  BLOCK_V: tl.constexpr, SHORT: tl.constexpr):
     gdc_launch_dependents()
     r = tl.program_id(0)
     s = tl.program_id(1)
     t0 = _now(r)
     cur, pos, lo, hi, offs = _packed_scan(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, 1, 1)
     t1 = _now(pos.to(tl.int32))  # per slot: each waits for its own loop result
-    key = _packed_key(cur, pos, lo, hi, offs, BLOCK_V)
+    key = _packed_key(cur, pos, lo, hi, offs, BLOCK_V, SHORT)
     tl.store(part_key_ptr + s.to(tl.int64) * R + r, key)
     t2 = _now(key.to(tl.int32))
     pid = s * R + r
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
             def call():
                 flush.zero_()
                 _argmax_timed[(n, S)](logits, keys, a_st, n, V, chunk, logits.stride(0), logits.stride(1), n,
-                                      BLOCK_V=bv, num_warps=max(1, min(w, bv // 64)))
+                                      BLOCK_V=bv, SHORT=chunk <= 65536, num_warps=max(1, min(w, bv // 64)))
                 if walk != "none":
                     bits, alu = walk == "bits", walk.startswith("alu")
                     _walk_timed[(1,)](keys, tokens, parent, depth, target, out, path, w_st, n, S, n, D, D.bit_length(),

@@ -8,7 +8,8 @@ compose by max. Splitting V lets a small tree still fill every SM. Two loops, sa
   two chunks' loads in flight per step; STAGES > 1: Triton's software pipelining). Any dtype, interpreter too.
   packed (`_slice_key_packed`, fp16/bf16 on sm_90+): two logits per 32-bit register and three instructions
   per pair (`_PAIR_ASM`), each of TILE x BLOCK_V slots keeping its max and the chunk it came from. Its
-  order for NaN is not torch's, so a slice holding a NaN is redone by the exact loop.
+  order for NaN is not torch's, so a slice holding a NaN is redone by the exact loop. Its slots reduce to
+  the key as 32-bit (value code, index) pairs when the slice spans at most 65536 logits (`_packed_key`).
 
 Order is torch.argmax's: the largest value, ties -> lowest index, any NaN above every number (the first
 NaN wins). Values are compared exactly (an fp32 upcast of fp16/bf16 is exact).
@@ -136,21 +137,36 @@ def _packed_scan(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n,
 
 
 @triton.jit
-def _packed_key(cur, pos, lo, hi, offs, STEP: tl.constexpr):
-    """The order key of `_packed_scan`'s slots: the best (value, first index) over them."""
-    idx = lo + pos.to(tl.int32) * STEP + offs
-    return tl.max(tl.max(tl.where(idx < hi, _order_key(cur.to(tl.float32), idx), -9223372036854775807), axis=1),
-                  axis=0)
+def _packed_key(cur, pos, lo, hi, offs, STEP: tl.constexpr, SHORT: tl.constexpr):
+    """The order key of `_packed_scan`'s slots: the best (value, first index) over them. SHORT (the slice
+    spans at most 65536 logits): reduced as one int32 per slot, the 16-bit value's order code above the
+    slot's index in the slice, then turned into the int64 key once; else as int64 keys."""
+    local = pos.to(tl.int32) * STEP + offs  # index in the slice
+    if SHORT:
+        bits = cur.to(tl.int16, bitcast=True).to(tl.int32) & 65535
+        bits = tl.where(bits == 32768, 0, bits)  # -0.0 ties +0.0, as in torch
+        # Sign-magnitude to order: negatives flipped below the positives; every NaN above +inf.
+        code = tl.where(cur != cur, 65535, tl.where(bits >= 32768, 65535 - bits, bits + 32768))
+        key = tl.where(lo + local < hi, ((code - 32768) << 16) | (65535 - local), -2147483648)  # signed order
+        top = tl.max(tl.max(key, axis=1), axis=0)
+        code = (top >> 16) + 32768
+        bits = tl.where(code >= 32768, code - 32768, 65535 - code)  # the value's 16 bits (one NaN for all)
+        val = bits.to(tl.int16).to(cur.dtype, bitcast=True).to(tl.float32)
+        out = _order_key(val, lo + 65535 - (top & 65535))
+    else:
+        out = tl.max(tl.max(tl.where(lo + local < hi, _order_key(cur.to(tl.float32), lo + local),
+                                     -9223372036854775807), axis=1), axis=0)
+    return out
 
 
 @triton.jit
 def _slice_key_packed(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n,
-                      BLOCK_V: tl.constexpr, TILE: tl.constexpr, STAGES: tl.constexpr):
+                      BLOCK_V: tl.constexpr, TILE: tl.constexpr, STAGES: tl.constexpr, SHORT: tl.constexpr):
     """`_slice_key`'s key for 16-bit logits on sm_90, in packed pairs (`_PAIR_ASM`): each of the TILE x
     BLOCK_V slots keeps its max and the chunk it came from; a NaN anywhere redoes the slice exactly."""
     cur, pos, lo, hi, offs = _packed_scan(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, TILE,
                                           STAGES)
-    key = _packed_key(cur, pos, lo, hi, offs, TILE * BLOCK_V)
+    key = _packed_key(cur, pos, lo, hi, offs, TILE * BLOCK_V, SHORT)
     # A NaN orders above every number, so the slice saw one iff the best key holds NaN's value bits: one
     # reduction for both. Its position in a packed slot is not the first NaN's: redo the slice exactly.
     if (key >> 32) == 2147483647:
@@ -160,10 +176,13 @@ def _slice_key_packed(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n,
 
 @triton.jit
 def _slice_key_any(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V: tl.constexpr,
-                   UNROLL: tl.constexpr, STAGES: tl.constexpr, TILE: tl.constexpr, PACKED: tl.constexpr):
-    """The key of program (r, s): the packed loop when PACKED, else the exact one."""
+                   UNROLL: tl.constexpr, STAGES: tl.constexpr, TILE: tl.constexpr, PACKED: tl.constexpr,
+                   SHORT: tl.constexpr):
+    """The key of program (r, s): the packed loop when PACKED (SHORT: chunk <= 65536, see `_packed_key`),
+    else the exact one."""
     if PACKED:
-        key = _slice_key_packed(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, TILE, STAGES)
+        key = _slice_key_packed(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, TILE, STAGES,
+                                SHORT)
     else:
         key = _slice_key(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, UNROLL, STAGES)
     return key

@@ -38,13 +38,14 @@ __all__ = ["verify_greedy_triton"]
 @triton.jit
 def _argmax_partial(logits_ptr, part_key_ptr, n_nodes, V, chunk, stride_b, stride_n, R,
                     BLOCK_V: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr, TILE: tl.constexpr,
-                    PACKED: tl.constexpr, PDL: tl.constexpr):
+                    PACKED: tl.constexpr, PDL: tl.constexpr, SHORT: tl.constexpr):
     # grid (R = B * (N+1), S): program (row-node r, split s) -> part_key[s, r].
     if PDL:  # the walk may launch now; it waits (gdc_wait) for this whole grid before reading a key
         gdc_launch_dependents()
     r = tl.program_id(0)
     s = tl.program_id(1)
-    key = _slice_key_any(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, UNROLL, STAGES, TILE, PACKED)
+    key = _slice_key_any(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, UNROLL, STAGES, TILE, PACKED,
+                         SHORT)
     tl.store(part_key_ptr + s.to(tl.int64) * R + r, key)
 
 
@@ -69,11 +70,12 @@ def _argmax_walk(logits_ptr, part_key_ptr, count_ptr, tokens_ptr, parent_ptr, de
                  stride_dep,
                  BLOCK_V: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr, TILE: tl.constexpr,
                  PACKED: tl.constexpr, BLOCK: tl.constexpr, S_TILE: tl.constexpr, WITH_PATH: tl.constexpr,
-                 BITS: tl.constexpr, W: tl.constexpr, PW: tl.constexpr):
+                 BITS: tl.constexpr, W: tl.constexpr, PW: tl.constexpr, SHORT: tl.constexpr):
     # grid (B * (N+1), S), as _argmax_partial; count_ptr: (>= B,) int32, all 0 on entry and on exit.
     r = tl.program_id(0)
     s = tl.program_id(1)
-    key = _slice_key_any(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, UNROLL, STAGES, TILE, PACKED)
+    key = _slice_key_any(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, UNROLL, STAGES, TILE, PACKED,
+                         SHORT)
     tl.store(part_key_ptr + s.to(tl.int64) * R + r, key)
     # The key store and the atomic may be issued by different threads: the barrier orders them inside
     # the CTA, and the atomic's release (cumulative in the PTX model) then publishes the key GPU-wide.
@@ -241,6 +243,7 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
     # R columns of keys per split; ceil(log2(max_depth + 1)) pointer-jumping rounds cover every chain.
     walk_args = (n_nodes, S, B * n_nodes, max_depth.bit_length(), max_depth, tree_tokens.stride(0),
                  parent.stride(0), depth.stride(0))
+    short = packed and chunk <= 65536  # the packed key's 32-bit reduction indexes a slice in 16 bits
     # The bits walk's words per node set and per path row (the jump walk ignores them).
     bits = {"BITS": walk == "bits", "W": triton.cdiv(block, 64), "PW": 1 if max_depth < 8 else 2}
     if fused:
@@ -249,11 +252,11 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
                                        depth, *outputs, n_nodes, V, chunk, logits.stride(0), logits.stride(1),
                                        *walk_args[1:], BLOCK_V=block_v, UNROLL=unroll, STAGES=stages, TILE=tile,
                                        PACKED=packed, BLOCK=block, S_TILE=s_tile, WITH_PATH=with_path,
-                                       num_warps=num_warps, **bits)
+                                       SHORT=short, num_warps=num_warps, **bits)
     else:
         _argmax_partial[(B * n_nodes, S)](logits, part_key, n_nodes, V, chunk, logits.stride(0), logits.stride(1),
                                           B * n_nodes, BLOCK_V=block_v, UNROLL=unroll, STAGES=stages, TILE=tile,
-                                          PACKED=packed, PDL=pdl, num_warps=num_warps)
+                                          PACKED=packed, PDL=pdl, SHORT=short, num_warps=num_warps)
         launch = {"launch_pdl": True} if pdl else {}  # the interpreter knows no such option
         _walk_tree[(B,)](part_key, tree_tokens, parent, depth, *outputs, *walk_args,
                          BLOCK=block, S_TILE=s_tile, WITH_PATH=with_path, PDL=pdl,
