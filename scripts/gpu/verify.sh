@@ -16,7 +16,7 @@ log() { echo "$(date -u +%T) verify.sh: $*" | tee -a "$OUT/verify.log"; }
 python3 -c "import torch, transformers, triton, sys; print(sys.version.split()[0], torch.__version__, \
 transformers.__version__, triton.__version__, torch.cuda.get_device_name(0))" > "$OUT/versions.txt" 2>&1
 log "start: $(cat "$OUT/versions.txt")"
-timeout 110 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py > "$OUT/test_kernels.log" 2>&1
+timeout 110 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernels_walk.py > "$OUT/test_kernels.log" 2>&1
 log "kernel tests rc=$? $(tail -1 "$OUT/test_kernels.log")"
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_static.py -k triton_verify >> "$OUT/test_kernels.log" 2>&1
 log "decode with the kernel rc=$? $(tail -1 "$OUT/test_kernels.log")"
