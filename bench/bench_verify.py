@@ -123,6 +123,7 @@ def empty_kernel():
 def walk_only(D: int, warps: int = 4):
     """The two-launch kernel's second launch alone (the tree walk), over keys from one earlier argmax."""
     from eagle_mm.kernels import triton_greedy as tg
+    from eagle_mm.kernels.triton_walk import bits_fit, walk_consts
     import triton
 
     def walk(logits, tokens, parent, depth):
@@ -133,12 +134,11 @@ def walk_only(D: int, warps: int = 4):
         out = torch.empty(B * n + 3 * B + B * (D + 1), dtype=torch.int64, device=logits.device)
         target, accept, best, bonus, path = torch.split(out, (B * n, B, B, B, B * (D + 1)))
         block = triton.next_power_of_2(max(n, D + 1))
-        bits = tg.bits_fit(block, D)  # the walk the library picks for this tree
         tg._walk_tree[(B,)](key, tokens, parent, depth, target, accept, best, bonus, path, n, S, B * n,
                             D.bit_length(), D, tokens.stride(0), parent.stride(0), depth.stride(0), BLOCK=block,
                             S_TILE=min(triton.next_power_of_2(S), max(1, tg._MERGE_TILE // block)),
-                            WITH_PATH=True, PDL=False, BITS=bits, W=triton.cdiv(block, 64),
-                            PW=1 if D < 8 else 2, num_warps=warps)
+                            WITH_PATH=True, PDL=False, num_warps=warps,
+                            **walk_consts(bits_fit(block, D), block, D))  # the walk the library picks
         return out
 
     return walk
@@ -166,6 +166,13 @@ def copy_bandwidth() -> float:
     end.record()
     end.synchronize()
     return 10 * 2 * src.numel() * src.element_size() / (start.elapsed_time(end) * 1e-3)
+
+
+def rotating_copies(t: torch.Tensor) -> int:
+    """How many copies of t the timed graph cycles through: at least 2, and at least 4x the L2 in all, so
+    that no call finds its inputs in the L2."""
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
+    return max(2, -(-4 * l2 // (t.numel() * t.element_size())))
 
 
 def gpu_us(fn, inputs: list, replays: int = 20) -> float:
@@ -215,7 +222,6 @@ def main(argv=None) -> int:
 
     read, empty = read_kernel(), empty_kernel()
     bw = copy_bandwidth()
-    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
     gen = torch.Generator().manual_seed(0)
     D = args.depth
     rows = []
@@ -223,8 +229,7 @@ def main(argv=None) -> int:
         for V in args.vocab:
             case = tuple(t.cuda() for t in make_tree(args.batch, N + 1, V, D, gen))
             logits = case[0]
-            copies = max(2, -(-4 * l2 // (logits.numel() * logits.element_size())))  # >= 4x the L2 in all
-            inputs = [(logits.clone(), *case[1:]) for _ in range(copies)]
+            inputs = [(logits.clone(), *case[1:]) for _ in range(rotating_copies(logits))]
             want = verify_greedy_reference(*case, D, with_path=True)
 
             def exact(**kw) -> bool:

@@ -3,10 +3,11 @@
 Variants of the verify kernel's first launch, each over the same (row-node, split) grid and slices as
 the library's (`triton_greedy._split_grid`), timed alone as bench_verify.py times the kernel (CUDA-graph
 replay over rotating inputs, more bytes than the L2 holds):
-  library:      `triton_greedy._argmax_partial` (packed loop, order-key epilogue);
-  no epilogue:  the library's loop (`triton_argmax._packed_scan`), then only a cheap sum of its slots;
-  cache=C:      the library's loop with its loads' cache modifier C (.cg: L2 only; .cv: no cache);
-  evict_first:  the library's loop with evict-first loads;
+  library:      `triton_greedy._argmax_partial` (packed loop, order-key epilogue; evict-first loads since
+                this probe's run in docs/benchmarks.md, sixth run);
+  no epilogue:  the library's loop (`triton_argmax._packed_scan`) with plain loads, then a cheap sum;
+  cache=C:      the library's loop and int64 key with the loads' cache modifier C (.cg: L2 only; .cv: none);
+  evict_first:  the same with evict-first loads; "same loop, plain loads": with plain loads;
   read-only:    upcast and max over the same slices, no index (bench_verify.py's read-only, on this grid).
 
     PYTHONPATH=. python bench/probe_argmax.py --out probe_argmax.json
@@ -22,7 +23,7 @@ import triton
 import triton.language as tl
 
 from eagle_mm.kernels import triton_greedy as tg
-from eagle_mm.kernels.triton_argmax import _packed_key, _packed_scan, _pair_update
+from eagle_mm.kernels.triton_argmax import _packed_key, _packed_scan
 
 
 @triton.jit
@@ -33,33 +34,25 @@ def _scan_variant(logits_ptr, out_ptr, n_nodes, V, chunk, stride_b, stride_n, R,
     r = tl.program_id(0)
     s = tl.program_id(1)
     if MODE == 0:
-        cur, pos, lo, hi, offs = _packed_scan(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, 1, 1)
+        cur, pos, lo, hi, offs = _packed_scan(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, 1, 1,
+                                              CACHE, EVICT)
         key = tl.sum(tl.sum(cur.to(tl.float32) + pos.to(tl.float32), axis=1), axis=0).to(tl.int64)
+    elif MODE == 1:
+        cur, pos, lo, hi, offs = _packed_scan(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, 1, 1,
+                                              CACHE, EVICT)
+        key = _packed_key(cur, pos, lo, hi, offs, BLOCK_V, False)  # the int64 epilogue, as when measured
     else:
         b = r // n_nodes
         node = r % n_nodes
         base = logits_ptr + b.to(tl.int64) * stride_b + node.to(tl.int64) * stride_n
         lo = s * chunk
         hi = tl.minimum(lo + chunk, V)
-        n_full = (hi - lo) // BLOCK_V
         offs = tl.arange(0, BLOCK_V)[None, :]
-        if MODE == 1:
-            cur = tl.full((1, BLOCK_V), float("-inf"), logits_ptr.dtype.element_ty)
-            pos = tl.zeros((1, BLOCK_V), tl.int16)
-            for it in range(0, n_full):
-                val = tl.load(base + lo + it * BLOCK_V + offs, cache_modifier=CACHE, eviction_policy=EVICT)
-                cur, pos = _pair_update(val, cur, pos, it.to(tl.int16))
-            if lo + n_full * BLOCK_V < hi:
-                idx = lo + n_full * BLOCK_V + offs
-                val = tl.load(base + idx, mask=idx < hi, other=float("-inf"))
-                cur, pos = _pair_update(val, cur, pos, n_full.to(tl.int16))
-            key = _packed_key(cur, pos, lo, hi, offs, BLOCK_V, False)  # the int64 epilogue, as when measured
-        else:
-            acc = tl.full((1, BLOCK_V), float("-inf"), tl.float32)
-            for start in range(lo, hi, BLOCK_V):
-                idx = start + offs
-                acc = tl.maximum(acc, tl.load(base + idx, mask=idx < hi, other=float("-inf")).to(tl.float32))
-            key = tl.max(tl.max(acc, axis=1), axis=0).to(tl.int32, bitcast=True).to(tl.int64)
+        acc = tl.full((1, BLOCK_V), float("-inf"), tl.float32)
+        for start in range(lo, hi, BLOCK_V):
+            idx = start + offs
+            acc = tl.maximum(acc, tl.load(base + idx, mask=idx < hi, other=float("-inf")).to(tl.float32))
+        key = tl.max(tl.max(acc, axis=1), axis=0).to(tl.int32, bitcast=True).to(tl.int64)
     tl.store(out_ptr + s.to(tl.int64) * R + r, key)
 
 
@@ -74,12 +67,11 @@ def main(argv=None) -> int:
         print("probe_argmax.py needs a CUDA GPU", file=sys.stderr)
         return 2
     sys.path.insert(0, "bench")
-    from bench_verify import gpu_us, make_tree
+    from bench_verify import gpu_us, make_tree, rotating_copies
 
     N, V = args.nodes, args.vocab
     logits = make_tree(1, N + 1, V, 8, torch.Generator().manual_seed(0))[0].cuda()
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    inputs = [(logits.clone(),) for _ in range(max(2, -(-4 * l2 // (logits.numel() * 2))))]
+    inputs = [(logits.clone(),) for _ in range(rotating_copies(logits))]
     n = N + 1
     variants = {"library": None, "no epilogue": (0, "", ""), "cache=.cg": (1, ".cg", ""), "cache=.cv": (1, ".cv", ""),
                 "evict_first": (1, "", "evict_first"), "same loop, plain loads": (1, "", ""), "read-only": (2, "", "")}

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from eagle_mm.kernels.triton_argmax import _slice_key_any
+from eagle_mm.kernels.triton_argmax import _slice_key_any, short_key
 from eagle_mm.kernels.triton_walk import _merged_target
 
 EMPTY = -9223372036854775807
@@ -75,11 +75,12 @@ def pipeline(mode: str, block_v: int, warps: int, pps: int, keys_store: dict):
         w = max(1, min(warps, block_v // 64))
         if atomic:
             _argmax_atomic[(R, S)](logits, keys, n, V, chunk, logits.stride(0), logits.stride(1), BLOCK_V=block_v,
-                                   SHORT=chunk <= 65536, num_warps=w)
+                                   SHORT=short_key(True, chunk), num_warps=w)
         else:
             keys_store["kernel"] = tg._argmax_partial[(R, S)](
                 logits, keys, n, V, chunk, logits.stride(0), logits.stride(1), R, BLOCK_V=block_v, UNROLL=1,
-                STAGES=1, TILE=1, PACKED=True, PDL=mode != "none", SHORT=chunk <= 65536, num_warps=w)
+                STAGES=1, TILE=1, PACKED=True, PDL=mode != "none",
+                SHORT=short_key(True, chunk), num_warps=w)
         if mode != "none":
             block = triton.next_power_of_2(n)
             _tail[(1,)](keys, target, n, S, R, MODE={"null": 0, "merge": 1, "atomic merge": 2}[mode], BLOCK=block,
@@ -102,16 +103,14 @@ def main(argv=None) -> int:
         print("probe_pdl.py needs a CUDA GPU", file=sys.stderr)
         return 2
     sys.path.insert(0, "bench")
-    from bench_verify import copy_bandwidth, gpu_us, make_tree
+    from bench_verify import copy_bandwidth, gpu_us, make_tree, rotating_copies
 
     from eagle_mm.kernels.reference import verify_greedy_reference
     from eagle_mm.kernels.triton_greedy import verify_greedy_triton
 
     N, V, D = args.nodes, args.vocab, 8
     case = tuple(t.cuda() for t in make_tree(1, N + 1, V, D, torch.Generator().manual_seed(0)))
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    copies = max(2, -(-4 * l2 // (case[0].numel() * 2)))
-    inputs = [(case[0].clone(), *case[1:]) for _ in range(copies)]
+    inputs = [(case[0].clone(), *case[1:]) for _ in range(rotating_copies(case[0]))]
     floor = case[0].numel() * 2 / copy_bandwidth() * 1e6
     want = verify_greedy_reference(*case, D, with_path=True)
     rows = {}

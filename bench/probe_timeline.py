@@ -24,8 +24,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from eagle_mm.kernels import triton_greedy as tg
-from eagle_mm.kernels.triton_argmax import _packed_key, _packed_scan
-from eagle_mm.kernels.triton_walk import _accepted, _bits_after_keys, _deepest, _merged_target, _path, _tree_tables
+from eagle_mm.kernels.triton_argmax import _packed_key, _packed_scan, short_key
+from eagle_mm.kernels.triton_walk import (_accepted, _bits_after_keys, _deepest, _merged_target, _path, _tree_tables,
+                                          walk_consts)
 
 
 @triton.jit
@@ -47,7 +48,8 @@ def _argmax_timed(logits_ptr, part_key_ptr, stamp_ptr, n_nodes, V, chunk, stride
     r = tl.program_id(0)
     s = tl.program_id(1)
     t0 = _now(r)
-    cur, pos, lo, hi, offs = _packed_scan(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, 1, 1)
+    cur, pos, lo, hi, offs = _packed_scan(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, 1, 1, "",
+                                          "")  # plain loads, as when measured
     t1 = _now(pos.to(tl.int32))  # per slot: each waits for its own loop result
     key = _packed_key(cur, pos, lo, hi, offs, BLOCK_V, SHORT)
     tl.store(part_key_ptr + s.to(tl.int64) * R + r, key)
@@ -163,13 +165,13 @@ def main(argv=None) -> int:
             def call():
                 flush.zero_()
                 _argmax_timed[(n, S)](logits, keys, a_st, n, V, chunk, logits.stride(0), logits.stride(1), n,
-                                      BLOCK_V=bv, SHORT=chunk <= 65536, num_warps=max(1, min(w, bv // 64)))
+                                      BLOCK_V=bv, SHORT=short_key(True, chunk), num_warps=max(1, min(w, bv // 64)))
                 if walk != "none":
                     bits, alu = walk == "bits", walk.startswith("alu")
                     _walk_timed[(1,)](keys, tokens, parent, depth, target, out, path, w_st, n, S, n, D, D.bit_length(),
                                       2 if walk.endswith("+dry") else 1, BLOCK=block, ALU=alu,
-                                      S_TILE=min(triton.next_power_of_2(S), max(1, 8192 // block)), BITS=bits,
-                                      W=triton.cdiv(block, 64), PW=1 if D < 8 else 2, num_warps=4,
+                                      S_TILE=min(triton.next_power_of_2(S), max(1, 8192 // block)),
+                                      **walk_consts(bits, block, D), num_warps=4,
                                       launch_pdl=True)
 
             call()

@@ -74,15 +74,13 @@ def main(argv=None) -> int:
         print("probe_tma.py needs an sm_90 GPU", file=sys.stderr)
         return 2
     sys.path.insert(0, "bench")
-    from bench_verify import copy_bandwidth, gpu_us, make_tree
+    from bench_verify import copy_bandwidth, gpu_us, make_tree, rotating_copies
 
     N, V = args.nodes, args.vocab
     if V % W:
         raise ValueError(f"--vocab must be a multiple of {W}, got {V}")
     case = tuple(t.cuda() for t in make_tree(1, N + 1, V, 8, torch.Generator().manual_seed(0)))
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    copies = max(2, -(-4 * l2 // (case[0].numel() * 2)))
-    inputs = [(case[0].clone(),) for _ in range(copies)]
+    inputs = [(case[0].clone(),) for _ in range(rotating_copies(case[0]))]
     want = case[0][0].argmax(-1)
     floor = case[0].numel() * 2 / copy_bandwidth() * 1e6
     res = {}

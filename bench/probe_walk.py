@@ -137,13 +137,14 @@ def main(argv=None) -> int:
 def _argmax_launch(logits, block_v, warps, pps, packed, tile=1):
     """The verify kernel's first launch alone (argmax keys, no walk); returns Triton's compiled kernel."""
     from eagle_mm.kernels import triton_greedy as tg
+    from eagle_mm.kernels.triton_argmax import short_key
 
     B, n, V = logits.shape
     S, chunk = tg._split_grid(B * n, V, block_v, logits.device, pps)  # at most pps programs per SM
     keys = torch.empty(S * B * n, dtype=torch.int64, device=logits.device)
     return tg._argmax_partial[(B * n, S)](logits, keys, n, V, chunk, logits.stride(0), logits.stride(1), B * n,
                                           BLOCK_V=block_v, UNROLL=1, STAGES=1, TILE=tile, PACKED=packed, PDL=False,
-                                          SHORT=packed and chunk <= 65536, num_warps=warps)
+                                          SHORT=short_key(packed, chunk), num_warps=warps)
 
 
 def dump_code(spec: str, out_dir: str, N: int = 64, V: int = 128256) -> None:
@@ -167,12 +168,10 @@ def argmax_sweep(N: int = 64, V: int = 128256, top: int = 8, loops=(True, False)
     ``loops``: packed (True) and / or exact (False)."""
     import itertools
 
-    from bench_verify import copy_bandwidth, gpu_us, make_tree
+    from bench_verify import copy_bandwidth, gpu_us, make_tree, rotating_copies
 
     case = tuple(t.cuda() for t in make_tree(1, N + 1, V, 8, torch.Generator().manual_seed(0)))
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    copies = max(2, -(-4 * l2 // (case[0].numel() * 2)))
-    inputs = [(case[0].clone(),) for _ in range(copies)]
+    inputs = [(case[0].clone(),) for _ in range(rotating_copies(case[0]))]
 
     res, kws = {}, {}
     for bv, w, pps, pk, tile in itertools.product((256, 512, 1024, 2048), (2, 4, 8), (4, 8, 16), loops, (1, 2, 4)):

@@ -19,7 +19,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = []  # Triton device functions only, used by triton_greedy
+__all__ = ["short_key"]  # and Triton device functions, used by triton_greedy
+
+
+def short_key(packed: bool, chunk: int) -> bool:
+    """`_packed_key`'s SHORT: the packed loop's slots reduce as int32 when a slice's index fits 16 bits."""
+    return packed and chunk <= 65536
 
 
 @triton.jit
@@ -106,9 +111,12 @@ def _pair_update(val, cur, pos, it):
 
 @triton.jit
 def _packed_scan(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n,
-                 BLOCK_V: tl.constexpr, TILE: tl.constexpr, STAGES: tl.constexpr):
+                 BLOCK_V: tl.constexpr, TILE: tl.constexpr, STAGES: tl.constexpr, CACHE: tl.constexpr,
+                 EVICT: tl.constexpr):
     """The packed loop over program (r, s)'s slice: (cur, pos, lo, hi, offs), each of the TILE x BLOCK_V
-    slots' max and the chunk it came from (`_pair_update`), the slice's bounds and the slots' offsets."""
+    slots' max and the chunk it came from (`_pair_update`), the slice's bounds and the slots' offsets.
+    CACHE, EVICT: the full chunks' loads' cache modifier and eviction policy (the library: "" and
+    "evict_first"; bench/probe_argmax.py times others)."""
     b = r // n_nodes
     node = r % n_nodes
     base = logits_ptr + b.to(tl.int64) * stride_b + node.to(tl.int64) * stride_n
@@ -119,15 +127,13 @@ def _packed_scan(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n,
     offs = tl.arange(0, TILE)[:, None] * BLOCK_V + tl.arange(0, BLOCK_V)[None, :]  # (TILE, BLOCK_V)
     cur = tl.full((TILE, BLOCK_V), float("-inf"), logits_ptr.dtype.element_ty)
     pos = tl.zeros((TILE, BLOCK_V), tl.int16)  # a slot of -inf answers its first index, as torch
-    # evict_first: each logit is read once (bench/probe_argmax.py: 0.2-0.4 us less than plain loads at N=64,
-    # V=128k on an H200)
     if STAGES > 1:  # Triton's software pipelining: later chunks' loads in flight while this one is merged
         for it in tl.range(0, n_full, num_stages=STAGES):
-            val = tl.load(base + lo + it * STEP + offs, eviction_policy="evict_first")
+            val = tl.load(base + lo + it * STEP + offs, cache_modifier=CACHE, eviction_policy=EVICT)
             cur, pos = _pair_update(val, cur, pos, it.to(tl.int16))
     else:
         for it in range(0, n_full):
-            val = tl.load(base + lo + it * STEP + offs, eviction_policy="evict_first")
+            val = tl.load(base + lo + it * STEP + offs, cache_modifier=CACHE, eviction_policy=EVICT)
             cur, pos = _pair_update(val, cur, pos, it.to(tl.int16))
     if lo + n_full * STEP < hi:  # the slice's partial tile, masked
         idx = lo + n_full * STEP + offs
@@ -164,8 +170,10 @@ def _slice_key_packed(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n,
                       BLOCK_V: tl.constexpr, TILE: tl.constexpr, STAGES: tl.constexpr, SHORT: tl.constexpr):
     """`_slice_key`'s key for 16-bit logits on sm_90, in packed pairs (`_PAIR_ASM`): each of the TILE x
     BLOCK_V slots keeps its max and the chunk it came from; a NaN anywhere redoes the slice exactly."""
+    # evict_first: each logit is read once (bench/probe_argmax.py: 0.2-0.4 us less than plain loads at N=64,
+    # V=128k on an H200)
     cur, pos, lo, hi, offs = _packed_scan(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, TILE,
-                                          STAGES)
+                                          STAGES, "", "evict_first")
     key = _packed_key(cur, pos, lo, hi, offs, TILE * BLOCK_V, SHORT)
     # A NaN orders above every number, so the slice saw one iff the best key holds NaN's value bits: one
     # reduction for both. Its position in a packed slot is not the first NaN's: redo the slice exactly.

@@ -29,8 +29,8 @@ try:
 except ImportError:  # a Triton without grid dependency control: the walk is never launched early (pdl)
     gdc_launch_dependents = gdc_wait = None
 
-from .triton_argmax import _slice_key_any
-from .triton_walk import BITS_MAX_BLOCK, BITS_MAX_DEPTH, _walk, bits_fit
+from .triton_argmax import _slice_key_any, short_key
+from .triton_walk import BITS_MAX_BLOCK, BITS_MAX_DEPTH, _walk, bits_fit, walk_consts
 
 __all__ = ["verify_greedy_triton"]
 
@@ -243,9 +243,8 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
     # R columns of keys per split; ceil(log2(max_depth + 1)) pointer-jumping rounds cover every chain.
     walk_args = (n_nodes, S, B * n_nodes, max_depth.bit_length(), max_depth, tree_tokens.stride(0),
                  parent.stride(0), depth.stride(0))
-    short = packed and chunk <= 65536  # the packed key's 32-bit reduction indexes a slice in 16 bits
-    # The bits walk's words per node set and per path row (the jump walk ignores them).
-    bits = {"BITS": walk == "bits", "W": triton.cdiv(block, 64), "PW": 1 if max_depth < 8 else 2}
+    short = short_key(packed, chunk)
+    bits = walk_consts(walk == "bits", block, max_depth)
     if fused:
         # The walk runs in the argmax's warps; it is only ~N+1 lanes of work, on one program per row.
         _argmax_walk[(B * n_nodes, S)](logits, part_key, _row_counters(logits.device, B), tree_tokens, parent,

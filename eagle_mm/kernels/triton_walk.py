@@ -27,7 +27,7 @@ try:
 except ImportError:  # a Triton without grid dependency control: never called with PDL
     gdc_wait = None
 
-__all__ = ["bits_fit"]
+__all__ = ["bits_fit", "walk_consts"]
 
 _EMPTY = tl.constexpr(-9223372036854775807)  # below every order key (`triton_argmax._order_key`)
 BITS_MAX_BLOCK = 256  # node ids fit a byte of a path row; at most 4 words of 64 bits per node set
@@ -37,6 +37,12 @@ BITS_MAX_DEPTH = 15  # a path row of max_depth + 1 bytes in at most 2 words
 def bits_fit(block: int, max_depth: int) -> bool:
     """Whether the bits walk takes a tree of BLOCK lanes (>= N+1) and depth max_depth."""
     return block <= BITS_MAX_BLOCK and max_depth <= BITS_MAX_DEPTH
+
+
+def walk_consts(bits: bool, block: int, max_depth: int) -> dict:
+    """`_walk`'s BITS, W (64-bit words per node set) and PW (words per path row, a byte per level);
+    the jump walk ignores W and PW."""
+    return {"BITS": bits, "W": triton.cdiv(block, 64), "PW": 1 if max_depth < 8 else 2}
 
 
 @triton.jit
