@@ -137,7 +137,7 @@ def walk_only(D: int, warps: int = 4):
         tg._walk_tree[(B,)](key, tokens, parent, depth, target, accept, best, bonus, path, n, S, B * n,
                             D.bit_length(), D, tokens.stride(0), parent.stride(0), depth.stride(0), BLOCK=block,
                             S_TILE=min(triton.next_power_of_2(S), max(1, tg._MERGE_TILE // block)),
-                            WITH_PATH=True, PDL=False, num_warps=warps,
+                            WITH_PATH=True, PDL=False, KEYS=0, num_warps=warps,
                             **walk_consts(bits_fit(block, D), block, D))  # the walk the library picks
         return out
 
@@ -145,12 +145,12 @@ def walk_only(D: int, warps: int = 4):
 
 
 def parse_variant(spec: str) -> dict:
-    """'tile=4,pdl=1,walk=jump' -> {'tile': 4, 'pdl': True, 'walk': 'jump'} (0/1 for the bool options, walk a
+    """'tile=4,pdl=1,walk=jump' -> {'tile': 4, 'pdl': True, 'walk': 'jump'} (0/1 for the bool options, walk and wait a
     name, the rest ints)."""
     kw = {}
     for item in spec.split(","):
         k, _, v = item.partition("=")
-        kw[k] = bool(int(v)) if k in ("pdl", "fused", "packed") else v if k == "walk" else int(v)
+        kw[k] = bool(int(v)) if k in ("pdl", "fused", "packed") else v if k in ("walk", "wait") else int(v)
     return kw
 
 
@@ -184,7 +184,8 @@ def gpu_us(fn, inputs: list, replays: int = 20) -> float:
             fn(*args)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # Captured on the warm-up stream: state a kernel keeps per stream (verify's wait="keys" slots) is reused.
+    with torch.cuda.graph(graph, stream=stream):
         for args in inputs:
             fn(*args)
     graph.replay()

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
                 if v is None:
                     tg._argmax_partial[(n, S)](lg, out, n, V, chunk, lg.stride(0), lg.stride(1), n, BLOCK_V=bv,
                                                UNROLL=1, STAGES=1, TILE=1, PACKED=True, PDL=False,
-                                               SHORT=chunk <= 65536, num_warps=w)
+                                               SHORT=chunk <= 65536, SIGNAL=False, num_warps=w)
                 else:
                     _scan_variant[(n, S)](lg, out, n, V, chunk, lg.stride(0), lg.stride(1), n, BLOCK_V=bv, MODE=v[0],
                                           CACHE=v[1], EVICT=v[2], num_warps=w)

@@ -80,7 +80,7 @@ def pipeline(mode: str, block_v: int, warps: int, pps: int, keys_store: dict):
             keys_store["kernel"] = tg._argmax_partial[(R, S)](
                 logits, keys, n, V, chunk, logits.stride(0), logits.stride(1), R, BLOCK_V=block_v, UNROLL=1,
                 STAGES=1, TILE=1, PACKED=True, PDL=mode != "none",
-                SHORT=short_key(True, chunk), num_warps=w)
+                SHORT=short_key(True, chunk), SIGNAL=False, num_warps=w)
         if mode != "none":
             block = triton.next_power_of_2(n)
             _tail[(1,)](keys, target, n, S, R, MODE={"null": 0, "merge": 1, "atomic merge": 2}[mode], BLOCK=block,

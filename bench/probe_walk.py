@@ -144,7 +144,7 @@ def _argmax_launch(logits, block_v, warps, pps, packed, tile=1):
     keys = torch.empty(S * B * n, dtype=torch.int64, device=logits.device)
     return tg._argmax_partial[(B * n, S)](logits, keys, n, V, chunk, logits.stride(0), logits.stride(1), B * n,
                                           BLOCK_V=block_v, UNROLL=1, STAGES=1, TILE=tile, PACKED=packed, PDL=False,
-                                          SHORT=short_key(packed, chunk), num_warps=warps)
+                                          SHORT=short_key(packed, chunk), SIGNAL=False, num_warps=warps)
 
 
 def dump_code(spec: str, out_dir: str, N: int = 64, V: int = 128256) -> None:

@@ -9,7 +9,10 @@ bonus token and the path indices (`triton_walk`: the bits walk for trees that fi
 Two ways to run them, same results bit for bit:
   two launches (default): `_argmax_partial`, then `_walk_tree`. On sm_90+ (pdl) the walk is launched
   early (programmatic dependent launch): it reads the tree and builds its tables while the argmax still
-  runs and waits for it (gdc_wait) before reading a key, which hides its launch.
+  runs, which hides its launch. It then waits (wait="keys", the default with pdl) on the key slots
+  themselves: they are kept between calls (`_key_slots`, per device and stream) and hold EMPTY between
+  calls; each argmax program stores its key with one strong store, each walk thread spins on its slots
+  and empties them once read, and gdc_wait comes last. wait="grid": gdc_wait, then one load of the keys.
   one launch (fused=True): `_argmax_walk`; each program stores its key and takes a ticket from its row's
   counter; the program that takes the row's last ticket walks that row and resets the counter to 0.
   Measured on an H200 it is no faster than two launches (docs/benchmarks.md).
@@ -19,6 +22,7 @@ Nothing here reads device memory back to the host.
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import triton
@@ -30,23 +34,45 @@ except ImportError:  # a Triton without grid dependency control: the walk is nev
     gdc_launch_dependents = gdc_wait = None
 
 from .triton_argmax import _slice_key_any, short_key
-from .triton_walk import BITS_MAX_BLOCK, BITS_MAX_DEPTH, _walk, bits_fit, walk_consts
+from .triton_walk import (BITS_MAX_BLOCK, BITS_MAX_DEPTH, EMPTY, KEYS_PLAIN, KEYS_POLL, _walk, bits_fit, spin_keys,
+                          walk_consts)
 
 __all__ = ["verify_greedy_triton"]
+
+log = logging.getLogger(__name__)
+
+
+# The key as one relaxed gpu-scope store from thread 0: a strong store, since the walk may be loading that slot
+# meanwhile (with a plain, weak store that would be a data race in the PTX memory model). An atomic exchange
+# would do too, but returns a value nobody needs.
+_STORE_ASM = tl.constexpr("""{
+.reg .pred p;
+.reg .b32 t;
+mov.u32 t, %tid.x;
+setp.eq.u32 p, t, 0;
+@p st.relaxed.gpu.global.b64 [$1], $2;
+mov.u32 $0, 0;
+}""")
 
 
 @triton.jit
 def _argmax_partial(logits_ptr, part_key_ptr, n_nodes, V, chunk, stride_b, stride_n, R,
                     BLOCK_V: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr, TILE: tl.constexpr,
-                    PACKED: tl.constexpr, PDL: tl.constexpr, SHORT: tl.constexpr):
-    # grid (R = B * (N+1), S): program (row-node r, split s) -> part_key[s, r].
+                    PACKED: tl.constexpr, PDL: tl.constexpr, SHORT: tl.constexpr, SIGNAL: tl.constexpr):
+    # grid (R = B * (N+1), S): program (row-node r, split s) -> part_key[s, r]. SIGNAL (wait="keys"): the walk
+    # may be polling that slot, so the key goes in as a strong store (`_STORE_ASM`).
     if PDL:  # the walk may launch now; it waits (gdc_wait) for this whole grid before reading a key
         gdc_launch_dependents()
     r = tl.program_id(0)
     s = tl.program_id(1)
     key = _slice_key_any(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, BLOCK_V, UNROLL, STAGES, TILE, PACKED,
                          SHORT)
-    tl.store(part_key_ptr + s.to(tl.int64) * R + r, key)
+    slot = part_key_ptr + s.to(tl.int64) * R + r
+    if SIGNAL:
+        tl.inline_asm_elementwise(_STORE_ASM, "=r,l,l", [slot.to(tl.int64, bitcast=True), key], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+    else:
+        tl.store(slot, key)
 
 
 @triton.jit
@@ -54,13 +80,13 @@ def _walk_tree(part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
                target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr,
                n_nodes, S, R, lift_rounds, max_depth, stride_tok, stride_par, stride_dep,
                BLOCK: tl.constexpr, S_TILE: tl.constexpr, WITH_PATH: tl.constexpr, PDL: tl.constexpr,
-               BITS: tl.constexpr, W: tl.constexpr, PW: tl.constexpr):
+               BITS: tl.constexpr, W: tl.constexpr, PW: tl.constexpr, KEYS: tl.constexpr):
     # grid (B,): one program walks one row's tree; the keys come from the previous launch (with PDL that
-    # launch may still run: _walk waits for it before reading a key).
+    # launch may still run: _walk waits for it, or for each key, before reading a key).
     _walk(tl.program_id(0), part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
           target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr,
           n_nodes, S, R, lift_rounds, max_depth, stride_tok, stride_par, stride_dep, BLOCK, S_TILE, WITH_PATH,
-          False, PDL, BITS, W, PW)
+          KEYS, PDL, BITS, W, PW)
 
 
 @triton.jit
@@ -89,7 +115,7 @@ def _argmax_walk(logits_ptr, part_key_ptr, count_ptr, tokens_ptr, parent_ptr, de
         _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
               target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr,
               n_nodes, S, R, lift_rounds, max_depth, stride_tok, stride_par, stride_dep, BLOCK, S_TILE, WITH_PATH,
-              True, False, BITS, W, PW)
+              1, False, BITS, W, PW)  # KEYS_VOLATILE
         # Every ticket of row b is taken, so nobody else touches it in this launch: ready for the next
         # call (and for CUDA-graph replay, which never re-zeroes it).
         tl.store(count_ptr + b, 0)
@@ -170,12 +196,38 @@ def _row_counters(device: torch.device, B: int) -> torch.Tensor:
     return buf
 
 
+# wait="keys": key slots kept between calls, every one EMPTY between calls (each walk empties the slots it
+# has read), one buffer per (device, stream): calls on one stream run in order, so no two share a slot at
+# once. Filled once when allocated; a captured CUDA graph keeps using its capture stream's buffer.
+_KEY_SLOTS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def _key_slots(device: torch.device, n: int) -> torch.Tensor:
+    """(>= n,) int64 slots, all EMPTY, for a wait="keys" call on the current stream."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    buf = _KEY_SLOTS.get((device, stream))
+    if buf is not None and buf.numel() >= n:
+        return buf
+    fresh = torch.full((max(4096, triton.next_power_of_2(n)),), EMPTY, dtype=torch.int64, device=device)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # The fill is captured: it runs at each replay, before the kernels, so the graph is right; not kept,
+        # since an eager call would find it unfilled.
+        log.warning("verify_greedy_triton(wait='keys') captured without an earlier call of at least this size "
+                    "on the capture stream: the graph fills its %d key slots at each replay (a memset). Call it "
+                    "once on that stream before capture to avoid it.", fresh.numel())
+        return fresh
+    if buf is not None:
+        _RETIRED.append(buf)  # a captured graph may still use it
+    _KEY_SLOTS[(device, stream)] = fresh
+    return fresh
+
+
 def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent: torch.Tensor,
                          depth: torch.Tensor, max_depth: int, *, with_path: bool = False,
                          splits: int | None = None, block_v: int | None = None, num_warps: int | None = None,
                          programs_per_sm: int | None = None, fused: bool = False, unroll: int = 1, stages: int = 1,
                          walk_warps: int | None = None, tile: int = 1, pdl: bool | None = None,
-                         packed: bool | None = None, walk: str | None = None):
+                         packed: bool | None = None, walk: str | None = None, wait: str | None = None):
     """Triton greedy verification; see `eagle_mm.kernels.dispatch.verify_greedy` for the contract.
 
     Returns (accept_len, best, bonus, path or None, target) with target (B, N+1) the per-node argmax.
@@ -183,7 +235,10 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
     launches) the early-launched walk; the defaults come from bench/bench_verify.py --tilings on an H200.
     ``splits`` / ``block_v`` / ``num_warps`` / ``programs_per_sm`` tune the argmax grid, ``tile`` the packed
     loop (chunks per load), ``unroll`` / ``stages`` the exact one; ``fused``: one launch instead of two;
-    ``walk`` "bits" or "jump" (None = bits where `triton_walk.bits_fit`), ``walk_warps`` its warps.
+    ``walk`` "bits" or "jump" (None = bits where `triton_walk.bits_fit`), ``walk_warps`` its warps;
+    ``wait`` (two launches) "grid": the walk reads the keys once the argmax grid is done (gdc_wait with pdl),
+    or "keys": each key slot is EMPTY until its key lands and the walk polls the slots themselves, then
+    empties them (slots kept per device and stream, `_key_slots`); None = "keys" with pdl, else "grid".
     Every option gives the same results bit for bit (tests/test_kernels.py, run on an H200 and under the
     interpreter); none reads the device back.
     """
@@ -208,6 +263,12 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
     if packed is None:  # a caller's chunk too small for pairs picks the exact loop
         packed = _can_pack(logits) and (block_v is None or block_v * tile >= 64)
     pdl = _can_pdl(logits.device) and not fused if pdl is None else pdl
+    if wait is None:
+        wait = "keys" if pdl else "grid"
+    if wait not in ("grid", "keys"):
+        raise ValueError(f"wait must be 'grid', 'keys' or None, got {wait!r}")
+    if wait == "keys" and fused:
+        raise ValueError("wait='keys' is for the two-launch kernel; fused=True waits with its row counters")
     if packed and not _can_pack(logits):
         raise ValueError(f"packed needs fp16/bf16 logits on a CUDA GPU of compute capability >= 9.0, got "
                          f"{logits.dtype} on {logits.device}")
@@ -234,9 +295,12 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
                          "raise block_v, tile or splits")
 
     # One allocation (host time counts at these sizes), cut into contiguous int64 pieces.
-    sizes = (B * n_nodes * S, B * n_nodes, B, B, B, B * (max_depth + 1) if with_path else 0)
+    keys = wait == "keys"
+    sizes = (0 if keys else B * n_nodes * S, B * n_nodes, B, B, B, B * (max_depth + 1) if with_path else 0)
     buf = torch.empty(sum(sizes), dtype=torch.int64, device=logits.device)
     part_key, target, accept, best, bonus, path = torch.split(buf, sizes)  # part_key: (S, B*(N+1)) keys
+    if keys:
+        part_key = _key_slots(logits.device, B * n_nodes * S)
     target, path = target.view(B, n_nodes), path.view(B, -1)
     s_tile = min(triton.next_power_of_2(S), max(1, _MERGE_TILE // block))  # (s_tile, block) keys per load
     outputs = (target, accept, best, bonus, path if with_path else best)  # a dummy path when unused
@@ -255,9 +319,13 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
     else:
         _argmax_partial[(B * n_nodes, S)](logits, part_key, n_nodes, V, chunk, logits.stride(0), logits.stride(1),
                                           B * n_nodes, BLOCK_V=block_v, UNROLL=unroll, STAGES=stages, TILE=tile,
-                                          PACKED=packed, PDL=pdl, SHORT=short, num_warps=num_warps)
+                                          PACKED=packed, PDL=pdl, SHORT=short, SIGNAL=keys and pdl, num_warps=num_warps)
         launch = {"launch_pdl": True} if pdl else {}  # the interpreter knows no such option
+        warps = walk_warps or (4 if block <= 256 else 8)
+        # With pdl the walk may wait while the argmax runs: each thread spins on its slots (sm_90). Else the keys
+        # are all there when it starts, and one round of KEYS_POLL finds them (the interpreter runs that).
+        read = (spin_keys(s_tile * block, 32 * warps) if pdl else KEYS_POLL) if keys else KEYS_PLAIN
         _walk_tree[(B,)](part_key, tree_tokens, parent, depth, *outputs, *walk_args,
-                         BLOCK=block, S_TILE=s_tile, WITH_PATH=with_path, PDL=pdl,
-                         num_warps=walk_warps or (4 if block <= 256 else 8), **bits, **launch)
+                         BLOCK=block, S_TILE=s_tile, WITH_PATH=with_path, PDL=pdl, KEYS=read,
+                         num_warps=warps, **bits, **launch)
     return accept, best, bonus, (path if with_path else None), target

@@ -27,9 +27,55 @@ try:
 except ImportError:  # a Triton without grid dependency control: never called with PDL
     gdc_wait = None
 
-__all__ = ["bits_fit", "walk_consts"]
+__all__ = ["EMPTY", "KEYS_PLAIN", "KEYS_POLL", "KEYS_SPIN", "KEYS_VOLATILE", "bits_fit", "spin_keys", "walk_consts"]
 
 _EMPTY = tl.constexpr(-9223372036854775807)  # below every order key (`triton_argmax._order_key`)
+EMPTY = -9223372036854775807  # the same, for the host: an empty key slot (wait="keys")
+
+# How the walk reads the argmax's keys (its KEYS constexpr):
+KEYS_PLAIN = 0  # complete before the walk reads them (stream order, or gdc_wait)
+KEYS_VOLATILE = 1  # complete, but written during this launch (the fused kernel): read past L1
+KEYS_POLL = 2  # wait="keys": every slot holds EMPTY until its key lands; reload until none does, then empty them
+KEYS_SPIN = 3  # KEYS_POLL, but each thread spins on its own slots (`_spin_asm`, never interpreted): KEYS_SPIN,
+# KEYS_SPIN + 1 and KEYS_SPIN + 2 wait for 1, 2 and 4 slots at a time (`spin_keys`)
+
+
+def spin_keys(slots: int, threads: int) -> int:
+    """KEYS of the spinning wait for a tile of ``slots`` key slots held by ``threads`` threads: 4 slots per wait
+    where each thread holds a multiple of 4 (a wait's slots must divide each thread's), else 2 or 1."""
+    per_thread = max(1, slots // threads)
+    return KEYS_SPIN + (2 if per_thread % 4 == 0 else 1 if per_thread % 2 == 0 else 0)
+
+
+def _spin_asm(pack: int, load: str) -> str:
+    """PTX that waits for ``pack`` slots at once: lanes whose flag is 0 answer EMPTY; the others load their slot
+    (all loads in flight together) and reload the ones still EMPTY until none is. Operands: $0..$pack-1 the
+    keys, then the addresses, then the flags. ld.relaxed.gpu reads the L2 (an SM's L1 is not coherent with the
+    others'). The label is local to the braces' scope."""
+    e = "-9223372036854775807"
+    lines = ["{", ".reg .pred q<%d>, p<%d>, w;" % (pack, pack)]
+    for k in range(pack):
+        a, f = f"${pack + k}", f"${2 * pack + k}"
+        lines += [f"mov.b64 ${k}, {e};", f"setp.ne.s32 q{k}, {f}, 0;", f"@q{k} {load} ${k}, [{a}];"]
+    lines.append("WAIT:")
+    for k in range(pack):
+        lines += [f"setp.eq.s64 p{k}, ${k}, {e};", f"and.pred p{k}, p{k}, q{k};"]
+    lines.append("mov.pred w, p0;")
+    lines += [f"or.pred w, w, p{k};" for k in range(1, pack)]
+    lines.append("@!w bra DONE;")
+    lines += [f"@p{k} {load} ${k}, [${pack + k}];" for k in range(pack)]
+    lines += ["bra WAIT;", "DONE:", "}"]
+    return "\n".join(lines)
+
+
+# Measured on an H200 at N=64, V=128k (docs/benchmarks.md, eighth run): 4 slots per wait 7.11-7.54 us; one
+# slot at a time (each thread's loads one after the other) 7.9-8.3; ld.volatile instead of ld.relaxed.gpu 7.44;
+# KEYS_POLL (a block-wide check per round) 7.26-7.77; gdc_wait then one load (wait="grid") 7.77-7.97.
+_SPIN1 = tl.constexpr(_spin_asm(1, "ld.relaxed.gpu.global.b64"))
+_SPIN2 = tl.constexpr(_spin_asm(2, "ld.relaxed.gpu.global.b64"))
+_SPIN4 = tl.constexpr(_spin_asm(4, "ld.relaxed.gpu.global.b64"))
+
+
 BITS_MAX_BLOCK = 256  # node ids fit a byte of a path row; at most 4 words of 64 bits per node set
 BITS_MAX_DEPTH = 15  # a path row of max_depth + 1 bytes in at most 2 words
 
@@ -51,17 +97,47 @@ def _argmax_of(key):
 
 
 @triton.jit
+def _await_keys(ptrs, m, KEYS: tl.constexpr):
+    """(S_TILE, BLOCK) int64 keys at ptrs where m, EMPTY elsewhere, once none of them is EMPTY (KEYS_POLL /
+    KEYS_SPIN): the argmax may still be storing them (the walk launched early). Then empties them for the
+    next call: nobody else reads these slots before this launch ends. A slot that never got a key would
+    hang here: every argmax program stores exactly one, into slots that are all EMPTY when the call starts
+    (`triton_greedy._key_slots`)."""
+    if KEYS >= 3:
+        addr = ptrs.to(tl.int64, bitcast=True)
+        flag = m.to(tl.int32)
+        if KEYS == 3:
+            tile = tl.inline_asm_elementwise(_SPIN1, "=l,l,r", [addr, flag], dtype=tl.int64, is_pure=False, pack=1)
+        elif KEYS == 4:
+            tile = tl.inline_asm_elementwise(_SPIN2, "=l,=l,l,l,r,r", [addr, flag], dtype=tl.int64, is_pure=False,
+                                             pack=2)
+        else:
+            tile = tl.inline_asm_elementwise(_SPIN4, "=l,=l,=l,=l,l,l,l,l,r,r,r,r", [addr, flag], dtype=tl.int64,
+                                             is_pure=False, pack=4)
+    else:
+        tile = tl.load(ptrs, mask=m, other=_EMPTY, volatile=True)
+        while tl.max(tl.max((m & (tile == _EMPTY)).to(tl.int32), axis=1), axis=0) != 0:
+            tile = tl.load(ptrs, mask=m, other=_EMPTY, volatile=True)
+    tl.store(ptrs, tl.full(tile.shape, _EMPTY, tl.int64), mask=m)
+    return tile
+
+
+@triton.jit
 def _merged_target(part_key_ptr, rows, live, S, R, BLOCK: tl.constexpr, S_TILE: tl.constexpr,
-                   VOLATILE: tl.constexpr):
+                   KEYS: tl.constexpr):
     """(BLOCK,) int64: the target's argmax after each node, from the max of its splits' keys part_key[s, r]
     (the order keys compose). S_TILE splits per load, all issued at once, each split's keys contiguous
-    over the nodes. VOLATILE: read past L1."""
+    over the nodes. KEYS: how to read them (KEYS_PLAIN, KEYS_VOLATILE, KEYS_POLL, KEYS_SPIN; a bool is
+    plain or volatile)."""
     s_ids = tl.arange(0, S_TILE)
     key = tl.full((BLOCK,), _EMPTY, tl.int64)
     for s0 in range(0, S, S_TILE):
-        tile = tl.load(part_key_ptr + (s0 + s_ids)[:, None].to(tl.int64) * R + rows[None, :],
-                       mask=((s0 + s_ids) < S)[:, None] & live[None, :], other=_EMPTY,
-                       volatile=VOLATILE)  # (S_TILE, BLOCK)
+        ptrs = part_key_ptr + (s0 + s_ids)[:, None].to(tl.int64) * R + rows[None, :]
+        m = ((s0 + s_ids) < S)[:, None] & live[None, :]
+        if KEYS >= 2:
+            tile = _await_keys(ptrs, m, KEYS)
+        else:
+            tile = tl.load(ptrs, mask=m, other=_EMPTY, volatile=KEYS == 1)  # (S_TILE, BLOCK)
         key = tl.maximum(key, tl.max(tile, axis=0))
     return _argmax_of(key)
 
@@ -155,28 +231,31 @@ def _tree_tables(parent, depth, i, max_depth, W: tl.constexpr, PW: tl.constexpr)
 def _walk_bits(b, part_key_ptr, tokens, parent, depth, i, live,
                target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr, n_nodes, S, R, max_depth,
                BLOCK: tl.constexpr, S_TILE: tl.constexpr, W: tl.constexpr, PW: tl.constexpr,
-               WITH_PATH: tl.constexpr, VOLATILE: tl.constexpr, PDL: tl.constexpr):
+               WITH_PATH: tl.constexpr, KEYS: tl.constexpr, PDL: tl.constexpr):
     # The tables need only the tree: with PDL they are built while the argmax runs (on an H200 at N=64,
     # V=128k they are done ~3 us before gdc_wait returns: bench/probe_timeline.py). Every per-node value
     # is a (BLOCK,) vector in one layout, so nothing after gdc_wait changes layout (a layout change is a
     # round through shared memory).
     anc0, anc1, anc2, anc3, path0, path1 = _tree_tables(parent, depth, i, max_depth, W, PW)
-    if PDL:
+    if PDL and KEYS < 2:
         gdc_wait()
-    return _bits_after_keys(b, part_key_ptr, tokens, parent, depth, i, live, anc0, anc1, anc2, anc3, path0, path1,
-                            target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr, n_nodes, S, R, max_depth,
-                            BLOCK, S_TILE, W, PW, WITH_PATH, VOLATILE)
+    top = _bits_after_keys(b, part_key_ptr, tokens, parent, depth, i, live, anc0, anc1, anc2, anc3, path0, path1,
+                           target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr, n_nodes, S, R, max_depth,
+                           BLOCK, S_TILE, W, PW, WITH_PATH, KEYS)
+    if PDL and KEYS >= 2:  # the walk still ends after the argmax grid, as a stream's order has it
+        gdc_wait()
+    return top
 
 
 @triton.jit
 def _bits_after_keys(b, part_key_ptr, tokens, parent, depth, i, live, anc0, anc1, anc2, anc3, path0, path1,
                      target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr, n_nodes, S, R, max_depth,
                      BLOCK: tl.constexpr, S_TILE: tl.constexpr, W: tl.constexpr, PW: tl.constexpr,
-                     WITH_PATH: tl.constexpr, VOLATILE: tl.constexpr):
+                     WITH_PATH: tl.constexpr, KEYS: tl.constexpr):
     """The bits walk once the keys are there (the tables from `_tree_tables`); returns the best score,
     after which bench/probe_timeline.py reads its clock."""
     rows = b.to(tl.int64) * n_nodes + i  # row-node ids, as the argmax grid numbers them
-    target = _merged_target(part_key_ptr, rows, live, S, R, BLOCK, S_TILE, VOLATILE)  # (BLOCK,) int64 < 2**31
+    target = _merged_target(part_key_ptr, rows, live, S, R, BLOCK, S_TILE, KEYS)  # (BLOCK,) int64 < 2**31
     tl.store(target_ptr + rows, target, mask=live)
     bad = live & (tokens != tl.gather(target.to(tl.int32), parent, 0)) & (i != 0)
     # The set of bad nodes, word by word, in one reduction (the bits are distinct: sum = or); a node is
@@ -211,12 +290,12 @@ def _bits_after_keys(b, part_key_ptr, tokens, parent, depth, i, live, anc0, anc1
 @triton.jit
 def _walk_jump(b, part_key_ptr, tokens, parent, depth, i, live,
                target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr, n_nodes, S, R, lift_rounds, max_depth,
-               BLOCK: tl.constexpr, S_TILE: tl.constexpr, WITH_PATH: tl.constexpr, VOLATILE: tl.constexpr,
+               BLOCK: tl.constexpr, S_TILE: tl.constexpr, WITH_PATH: tl.constexpr, KEYS: tl.constexpr,
                PDL: tl.constexpr):
-    if PDL:
+    if PDL and KEYS < 2:
         gdc_wait()
     rows = b.to(tl.int64) * n_nodes + i  # row-node ids, as the argmax grid numbers them
-    target = _merged_target(part_key_ptr, rows, live, S, R, BLOCK, S_TILE, VOLATILE)  # (BLOCK,) int64
+    target = _merged_target(part_key_ptr, rows, live, S, R, BLOCK, S_TILE, KEYS)  # (BLOCK,) int64
     tl.store(target_ptr + rows, target, mask=live)
     target = target.to(tl.int32)  # vocabulary ids < 2**31: int32 halves the gathers and sums below
 
@@ -230,18 +309,22 @@ def _walk_jump(b, part_key_ptr, tokens, parent, depth, i, live,
     if WITH_PATH:
         node = _path(parent, best, accept, i, max_depth, BLOCK)
         tl.store(path_ptr + b.to(tl.int64) * (max_depth + 1) + i, node.to(tl.int64), mask=i <= max_depth)
+    if PDL and KEYS >= 2:  # the walk still ends after the argmax grid, as a stream's order has it
+        gdc_wait()
 
 
 @triton.jit
 def _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
           target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr,
           n_nodes, S, R, lift_rounds, max_depth, stride_tok, stride_par, stride_dep,
-          BLOCK: tl.constexpr, S_TILE: tl.constexpr, WITH_PATH: tl.constexpr, VOLATILE: tl.constexpr,
+          BLOCK: tl.constexpr, S_TILE: tl.constexpr, WITH_PATH: tl.constexpr, KEYS: tl.constexpr,
           PDL: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr, PW: tl.constexpr):
     """Walk row b's tree; every vector is (BLOCK,) >= max(N+1, D+1). The argmax keys are part_key[s, r]
-    for split s of row-node r (R = B*(N+1) columns). VOLATILE: read the keys past L1, for the fused
-    kernel, where other programs wrote them during this launch. PDL: the tree is read (and, with BITS,
-    its tables built) while the argmax grid still runs, its keys only after gdc_wait. BITS: `_walk_bits`
+    for split s of row-node r (R = B*(N+1) columns). KEYS: how to read them (`_merged_target`): KEYS_VOLATILE
+    for the fused kernel, where other programs wrote them during this launch; KEYS_POLL / KEYS_SPIN
+    (wait="keys") waits for each slot to leave EMPTY. PDL: the tree is read (and, with BITS, its tables
+    built) while the argmax grid still runs; its keys are read after gdc_wait, or (KEYS_POLL / KEYS_SPIN)
+    as they land, and gdc_wait then comes last. BITS: `_walk_bits`
     with W = BLOCK/64 words per node set and PW = (D+1)/8 words per path row; else `_walk_jump`."""
     i = tl.arange(0, BLOCK)
     live = i < n_nodes
@@ -252,7 +335,7 @@ def _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
     depth = tl.load(depth_ptr + b.to(tl.int64) * stride_dep + i, mask=live, other=0).to(tl.int32)
     if BITS:
         _walk_bits(b, part_key_ptr, tokens, parent, depth, i, live, target_ptr, accept_ptr, best_ptr, bonus_ptr,
-                   path_ptr, n_nodes, S, R, max_depth, BLOCK, S_TILE, W, PW, WITH_PATH, VOLATILE, PDL)
+                   path_ptr, n_nodes, S, R, max_depth, BLOCK, S_TILE, W, PW, WITH_PATH, KEYS, PDL)
     else:
         _walk_jump(b, part_key_ptr, tokens, parent, depth, i, live, target_ptr, accept_ptr, best_ptr, bonus_ptr,
-                   path_ptr, n_nodes, S, R, lift_rounds, max_depth, BLOCK, S_TILE, WITH_PATH, VOLATILE, PDL)
+                   path_ptr, n_nodes, S, R, lift_rounds, max_depth, BLOCK, S_TILE, WITH_PATH, KEYS, PDL)
