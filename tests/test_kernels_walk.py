@@ -120,8 +120,8 @@ def test_wait_keys_cuda_graph():
     up, it fills fresh slots at each replay. Both replay right on new inputs, and leave the slots EMPTY."""
     from eagle_mm.kernels.triton_greedy import verify_greedy_triton
     from eagle_mm.kernels.reference import verify_greedy_reference
-    case = [t.to(DEVICE) for t in make_case(2, 41, 32000, torch.bfloat16, seed=9)[:4]]
-    D = 8
+    D = 8  # every tree below is at most this deep
+    case = [t.to(DEVICE) for t in make_case(2, 41, 32000, torch.bfloat16, seed=9, max_depth=D)[:4]]
     for warm in (True, False):
         stream = torch.cuda.Stream()
         if warm:
@@ -132,7 +132,7 @@ def test_wait_keys_cuda_graph():
         with torch.cuda.graph(graph, stream=stream):
             got = verify_greedy_triton(*case, D, with_path=True, wait="keys")
         for seed in range(3):
-            fresh = make_case(2, 41, 32000, torch.bfloat16, seed=10 + seed)
+            fresh = make_case(2, 41, 32000, torch.bfloat16, seed=10 + seed, max_depth=D)
             for dst, src in zip(case, fresh):
                 dst.copy_(src)
             graph.replay()
