@@ -175,24 +175,41 @@ _PACKED_TILING = {"block_v": 2048, "num_warps": 16, "programs_per_sm": 2}
 
 _MERGE_TILE = 8192  # int64 keys per merge load in the walk (tests shrink it to run several tiles)
 
+_RETIRED: list[torch.Tensor] = []  # outgrown kept buffers: a captured CUDA graph may still use them
+
+
+def _filled(n: int, minimum: int, fill: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A new buffer of at least n and ``minimum`` fill values, a power of two (so that it rarely grows)."""
+    return torch.full((max(minimum, triton.next_power_of_2(n)),), fill, dtype=dtype, device=device)
+
+
+def _kept(cache: dict, key, n: int, device: torch.device, fill: int, dtype: torch.dtype,
+          minimum: int) -> torch.Tensor | None:
+    """cache[key] if it holds >= n elements; else a new `_filled` buffer, kept there in its place. None inside a
+    CUDA-graph capture: a new buffer's fill would only run at replay, so eager calls would find it unfilled;
+    the caller decides."""
+    buf = cache.get(key)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    if buf is not None:
+        _RETIRED.append(buf)
+    buf = cache[key] = _filled(n, minimum, fill, dtype, device)
+    return buf
+
+
 # Fused-kernel ticket counters, one int32 per batch row, per device. Zeroed once when allocated (a
 # per-call torch.zeros would cost a memset launch); each call's walkers put them back to 0. One buffer
 # per device: fused calls on one device must not run concurrently on different streams.
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
-_RETIRED: list[torch.Tensor] = []  # outgrown buffers: a captured CUDA graph may still use them
 
 
 def _row_counters(device: torch.device, B: int) -> torch.Tensor:
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < B:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            # Inside a capture the zero-fill would only run at replay: eager calls would see garbage.
-            raise RuntimeError(f"fused verify: call it once with B >= {B} before CUDA-graph capture, so "
-                               "its counter buffer exists")
-        if buf is not None:
-            _RETIRED.append(buf)
-        buf = torch.zeros(max(64, triton.next_power_of_2(B)), dtype=torch.int32, device=device)
-        _COUNTERS[device] = buf
+    buf = _kept(_COUNTERS, device, B, device, 0, torch.int32, 64)
+    if buf is None:
+        raise RuntimeError(f"fused verify: call it once with B >= {B} before CUDA-graph capture, so "
+                           "its counter buffer exists")
     return buf
 
 
@@ -205,21 +222,15 @@ _KEY_SLOTS: dict[tuple[torch.device, int], torch.Tensor] = {}
 def _key_slots(device: torch.device, n: int) -> torch.Tensor:
     """(>= n,) int64 slots, all EMPTY, for a wait="keys" call on the current stream."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    buf = _KEY_SLOTS.get((device, stream))
-    if buf is not None and buf.numel() >= n:
-        return buf
-    fresh = torch.full((max(4096, triton.next_power_of_2(n)),), EMPTY, dtype=torch.int64, device=device)
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        # The fill is captured: it runs at each replay, before the kernels, so the graph is right; not kept,
-        # since an eager call would find it unfilled.
+    buf = _kept(_KEY_SLOTS, (device, stream), n, device, EMPTY, torch.int64, 4096)
+    if buf is None:
+        # Filled inside the capture: the fill runs at each replay, before the kernels, so the graph is right;
+        # not kept, since an eager call would find it unfilled.
+        buf = _filled(n, 4096, EMPTY, torch.int64, device)
         log.warning("verify_greedy_triton(wait='keys') captured without an earlier call of at least this size "
                     "on the capture stream: the graph fills its %d key slots at each replay (a memset). Call it "
-                    "once on that stream before capture to avoid it.", fresh.numel())
-        return fresh
-    if buf is not None:
-        _RETIRED.append(buf)  # a captured graph may still use it
-    _KEY_SLOTS[(device, stream)] = fresh
-    return fresh
+                    "once on that stream before capture to avoid it.", buf.numel())
+    return buf
 
 
 def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent: torch.Tensor,

@@ -29,8 +29,8 @@ except ImportError:  # a Triton without grid dependency control: never called wi
 
 __all__ = ["EMPTY", "KEYS_PLAIN", "KEYS_POLL", "KEYS_SPIN", "KEYS_VOLATILE", "bits_fit", "spin_keys", "walk_consts"]
 
-_EMPTY = tl.constexpr(-9223372036854775807)  # below every order key (`triton_argmax._order_key`)
-EMPTY = -9223372036854775807  # the same, for the host: an empty key slot (wait="keys")
+EMPTY = -9223372036854775807  # below every order key (`triton_argmax._order_key`); an empty key slot (wait="keys")
+_EMPTY = tl.constexpr(EMPTY)
 
 # How the walk reads the argmax's keys (its KEYS constexpr):
 KEYS_PLAIN = 0  # complete before the walk reads them (stream order, or gdc_wait)
@@ -52,7 +52,7 @@ def _spin_asm(pack: int, load: str) -> str:
     (all loads in flight together) and reload the ones still EMPTY until none is. Operands: $0..$pack-1 the
     keys, then the addresses, then the flags. ld.relaxed.gpu reads the L2 (an SM's L1 is not coherent with the
     others'). The label is local to the braces' scope."""
-    e = "-9223372036854775807"
+    e = str(EMPTY)
     lines = ["{", ".reg .pred q<%d>, p<%d>, w;" % (pack, pack)]
     for k in range(pack):
         a, f = f"${pack + k}", f"${2 * pack + k}"
@@ -239,12 +239,9 @@ def _walk_bits(b, part_key_ptr, tokens, parent, depth, i, live,
     anc0, anc1, anc2, anc3, path0, path1 = _tree_tables(parent, depth, i, max_depth, W, PW)
     if PDL and KEYS < 2:
         gdc_wait()
-    top = _bits_after_keys(b, part_key_ptr, tokens, parent, depth, i, live, anc0, anc1, anc2, anc3, path0, path1,
-                           target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr, n_nodes, S, R, max_depth,
-                           BLOCK, S_TILE, W, PW, WITH_PATH, KEYS)
-    if PDL and KEYS >= 2:  # the walk still ends after the argmax grid, as a stream's order has it
-        gdc_wait()
-    return top
+    return _bits_after_keys(b, part_key_ptr, tokens, parent, depth, i, live, anc0, anc1, anc2, anc3, path0, path1,
+                            target_ptr, accept_ptr, best_ptr, bonus_ptr, path_ptr, n_nodes, S, R, max_depth,
+                            BLOCK, S_TILE, W, PW, WITH_PATH, KEYS)
 
 
 @triton.jit
@@ -309,8 +306,6 @@ def _walk_jump(b, part_key_ptr, tokens, parent, depth, i, live,
     if WITH_PATH:
         node = _path(parent, best, accept, i, max_depth, BLOCK)
         tl.store(path_ptr + b.to(tl.int64) * (max_depth + 1) + i, node.to(tl.int64), mask=i <= max_depth)
-    if PDL and KEYS >= 2:  # the walk still ends after the argmax grid, as a stream's order has it
-        gdc_wait()
 
 
 @triton.jit
@@ -339,3 +334,5 @@ def _walk(b, part_key_ptr, tokens_ptr, parent_ptr, depth_ptr,
     else:
         _walk_jump(b, part_key_ptr, tokens, parent, depth, i, live, target_ptr, accept_ptr, best_ptr, bonus_ptr,
                    path_ptr, n_nodes, S, R, lift_rounds, max_depth, BLOCK, S_TILE, WITH_PATH, KEYS, PDL)
+    if PDL and KEYS >= 2:  # read as they landed: the walk still ends after the argmax grid, as a stream's order has it
+        gdc_wait()
