@@ -240,8 +240,8 @@ def run_verify_forward(target, head, ids, args, tree, device, results):
     from eagle_mm.arch import resolve_target
     from eagle_mm.compat import cache_kwarg
     from eagle_mm.features import FeatureCapture
-    import eagle_mm.static
-    from eagle_mm.static import StaticTarget, cache_length, static_kinds
+    import eagle_mm.decode.fixed
+    from eagle_mm.decode.fixed import StaticTarget, cache_length, static_kinds
 
     parts, mode = resolve_target(target), compile_mode(args, device)
     B, T = ids.shape
@@ -279,7 +279,7 @@ def run_verify_forward(target, head, ids, args, tree, device, results):
             times.sort()
             host.sort()
             results.add({"mode": "verify_forward", "q": q, "ms": times[len(times) // 2], "ms_min": times[0],
-                         "host_ms": host[len(host) // 2], "own_graphs": eagle_mm.static.OWN_GRAPHS,
+                         "host_ms": host[len(host) // 2], "own_graphs": eagle_mm.decode.fixed.OWN_GRAPHS,
                          "compiled": mode, "timer": "cuda_events" if cuda else "perf_counter"})
 
 
@@ -312,8 +312,8 @@ def main(argv=None) -> dict:
     import eagle_mm
     import transformers
 
-    import eagle_mm.static
-    eagle_mm.static.OWN_GRAPHS = not args.graph_trees
+    import eagle_mm.decode.fixed
+    eagle_mm.decode.fixed.OWN_GRAPHS = not args.graph_trees
     device = torch.device("cpu" if args.tiny else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_8b.py needs a CUDA GPU (or --tiny for the CPU smoke run)")
@@ -329,7 +329,7 @@ def main(argv=None) -> dict:
             "draft_vocab": head.config.draft_vocab_size, "tree": dataclasses.asdict(tree),
             "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
-            "eagle_mm": eagle_mm.__version__, "own_graphs": eagle_mm.static.OWN_GRAPHS}
+            "eagle_mm": eagle_mm.__version__, "own_graphs": eagle_mm.decode.fixed.OWN_GRAPHS}
     results = Results(args.out, meta)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, target.config.vocab_size, (1, args.prompt_len), generator=g).to(device)

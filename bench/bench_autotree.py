@@ -1,6 +1,6 @@
 """Benchmark tree="auto": the tree ``choose_tree`` picks against the default TreeConfig(), measured.
 
-Calibrates on a prompt (``eagle_mm.autotree.choose_tree``: device costs + greedy acceptance replay), then
+Calibrates on a prompt (``eagle_mm.decode.autotree.choose_tree``: device costs + greedy acceptance replay), then
 runs ``speculative_generate`` on the same prompt with the chosen tree and with TreeConfig(), and
 ``model.generate`` for reference, all in one process. Prints the calibration's table and predicted vs
 measured tokens/s and accept lengths; --out writes JSON.
@@ -24,6 +24,8 @@ import sys
 import time
 
 import torch
+
+import eagle_mm
 
 from bench.shapes import SHAPE_8B, random_8b_target
 
@@ -82,7 +84,7 @@ def main(argv=None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import eagle_mm as em
-    from eagle_mm.autotree import choose_tree
+    from eagle_mm.decode.autotree import choose_tree
 
     model = build(args)
     device = next(model.parameters()).device
@@ -96,7 +98,7 @@ def main(argv=None) -> int:
         reference = model.generate(ids, max_new_tokens=extra, do_sample=False)[0]
         head = NoisyHead(head, reference, args.strength)
 
-    result = choose_tree(model, head, ids, max_new_tokens=args.calib_tokens, repeats=args.repeats)
+    result = choose_tree(model, head, ids, max_new_tokens=args.calib_tokens, repeats=args.repeats, decode=eagle_mm.speculative_generate)
     print(result.table(12))
     estimates = {"auto": result.chosen, "default": result.default}
     fns = {"model.generate": lambda: model.generate(ids, max_new_tokens=args.new_tokens, do_sample=False)}

@@ -32,6 +32,8 @@ import time
 
 import torch
 
+import eagle_mm
+
 METHODS = ("generate", "generate_compiled", "prompt_lookup", "assisted", "eagle_chain", "eagle_tree", "eagle3_chain",
            "eagle3_tree", "eagle3_auto", "eagle3_chain_compiled", "eagle3_tree_compiled")
 # Static cache + torch.compile (CUDA graphs): generate() compiles its decode step only on CUDA, and so does
@@ -254,14 +256,14 @@ def _print_targets(checks) -> None:
 
 def _auto_tree(zoo_model, args, device) -> dict:
     """tree="auto" for EAGLE-3, calibrated (untimed) on prompts the benchmark does not measure."""
-    from eagle_mm.autotree import choose_tree
+    from eagle_mm.decode.autotree import choose_tree
 
     calib = zoo_model.prompts[len(zoo_model.prompts) - args.calib_prompts:]
     if args.calib_prompts < 1 or len(zoo_model.prompts) - args.calib_prompts < args.prompts:
         raise SystemExit(f"eagle3_auto needs {args.prompts} measured + {args.calib_prompts} calibration prompts, "
                          f"disjoint; prompts.json has {len(zoo_model.prompts)}")
     ids = [zoo_model.tokenizer(p, return_tensors="pt").input_ids[0].to(device) for p in calib]
-    result = choose_tree(zoo_model.target, zoo_model.eagle3_head, ids)
+    result = choose_tree(zoo_model.target, zoo_model.eagle3_head, ids, decode=eagle_mm.speculative_generate)
     print(result.table(8))
     return {"tree": result.tree, "report": result.as_dict(candidates=False)}
 

@@ -4,14 +4,14 @@ For each tree size N and vocabulary V (B rows, depth <= D): a random tree whose 
 newest ones (so it gets deep), fp32 processed logits (B, N+1, V) with one planted likely path, and a
 peaked draft q = softmax(logits + noise), so that some nodes are accepted and some rejected. It times
   triton:   eagle_mm.kernels.verify_sampling(backend="triton"): one launch, softmax of visited rows only;
-  torch:    the reference, softmax over every node + eagle_mm.sampling.rejection_walk, eager;
+  torch:    the reference, softmax over every node + eagle_mm.decode.sampling.rejection_walk, eager;
   compiled: the same reference under torch.compile(fullgraph=True, mode="reduce-overhead"), for the N in
             --compile-nodes only (the walk unrolls over the nodes: compiling N=128 takes minutes).
 Two timings per function, as bench/bench_verify.py:
   gpu:   CUDA-graph replay of calls over rotating copies of the inputs (up to 8 copies, each with its own
          noise): the device time, no launch overhead (not for "compiled", which replays its own graphs);
   eager: wall clock per call over back-to-back calls (time-boxed): what an un-graphed decode loop pays.
-Equality: for --draws noise draws per shape (u, e as eagle_mm.sampling draws them), Triton's
+Equality: for --draws noise draws per shape (u, e as eagle_mm.decode.sampling draws them), Triton's
 (accept_len, best, bonus) must equal the reference's; mismatches are counted, and the exit status is 1
 if any (with --tilings, every tiling's mismatches count too). The compiled reference is compared too
 (compiled_exact), for information. Exit status 2 without CUDA. Prints a markdown table; --out writes
@@ -68,8 +68,8 @@ def make_case(B: int, n: int, V: int, max_depth: int, gen: torch.Generator):
 
 
 def noise(B: int, n: int, V: int, seed: int):
-    """u (B, n), e (B, V) drawn as speculative decoding draws them (eagle_mm.sampling), from a seeded generator."""
-    from eagle_mm.sampling import _noise  # here: the no-CUDA exit needs no package import
+    """u (B, n), e (B, V) drawn as speculative decoding draws them (eagle_mm.decode.sampling), from a seeded generator."""
+    from eagle_mm.decode.sampling import _noise  # here: the no-CUDA exit needs no package import
 
     return _noise(B, n, V, torch.device(DEVICE), torch.Generator(DEVICE).manual_seed(seed))
 
@@ -94,7 +94,7 @@ def _same(a, b) -> bool:
 
 def _reference(tokens, parent, scores, q, u, e):
     """The torch oracle: softmax at every node, then the walk (eagle_mm.kernels.verify_sampling's reference)."""
-    from eagle_mm.sampling import rejection_walk  # here: the no-CUDA exit needs no package import
+    from eagle_mm.decode.sampling import rejection_walk  # here: the no-CUDA exit needs no package import
     return rejection_walk(tokens, parent, torch.softmax(scores, -1), q, u, e)
 
 

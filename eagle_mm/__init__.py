@@ -1,8 +1,8 @@
 """eagle_mm: drop-in EAGLE speculative-decoding draft heads for Hugging Face models."""
 from .config import Eagle3Config, EagleConfig, TreeConfig
-from .generate import custom_generate, speculative_generate
+from .decode.loop import custom_generate, speculative_generate
 from .heads import Eagle3Head, EagleHead
-from .outputs import SpeculativeOutput, SpeculativeStats
+from .decode.state import SpeculativeOutput, SpeculativeStats
 
 
 def load_head(path, target=None, **kwargs):

@@ -57,7 +57,7 @@ def timed(device: torch.device, fn: Callable):
 
 def _runners(target, heads: dict, tree, max_new_tokens: int) -> dict[str, Callable]:
     """name -> fn(enc, max_new_tokens) -> (sequences, SpeculativeStats or None); generate first."""
-    from .generate import speculative_generate
+    from .decode.loop import speculative_generate
 
     def plain(enc, n):
         return target.generate(**enc, max_new_tokens=n, do_sample=False), None

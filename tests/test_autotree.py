@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import eagle_mm as em
-from eagle_mm.autotree import (AutoTreeResult, DeviceCosts, _draft_candidates, calibrate, choose_tree, default_grid,
+from eagle_mm.decode.autotree import (AutoTreeResult, DeviceCosts, _draft_candidates, calibrate, choose_tree, default_grid,
                                measure_draft_cost, measure_verify_cost, rank_trees)
-from eagle_mm.draft import draft_tree, extend_head
-from eagle_mm.tree import select_tree
+from eagle_mm.decode.draft import draft_tree, extend_head
+from eagle_mm.decode.tree import select_tree
 from tests.doubles import ForcedHead
 from tests.tiny import prompt, tiny_model
 
@@ -181,7 +181,7 @@ def test_measured_costs_have_the_asked_structure(model):
 def test_choose_tree_end_to_end(model, ids, reference):
     head = NoisyHead(em.EagleHead.from_target(model), reference, 4.0)
     grid = [em.TreeConfig.chain(2), em.TreeConfig.chain(5), em.TreeConfig(4, 4, 16), em.TreeConfig(2, 2, 4)]
-    result = choose_tree(model, head, ids, grid=grid, max_new_tokens=16, repeats=1)
+    result = choose_tree(model, head, ids, grid=grid, max_new_tokens=16, repeats=1, decode=em.speculative_generate)
     assert isinstance(result, AutoTreeResult) and result.tree in grid and len(result.candidates) == len(grid)
     assert result.default.tree == em.TreeConfig() and set(result.costs.draft) == {1, 2, 4, 8}
     assert 0 in result.costs.verify and 64 in result.costs.verify and result.costs.fixed >= 0

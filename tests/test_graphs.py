@@ -1,4 +1,4 @@
-"""eagle_mm.graphs.OwnGraph: the signature rules (CPU), and capture and replay against the uncaptured function
+"""eagle_mm.decode.graphs.OwnGraph: the signature rules (CPU), and capture and replay against the uncaptured function
 (CUDA only)."""
 import dataclasses
 import gc
@@ -6,7 +6,7 @@ import gc
 import pytest
 import torch
 
-from eagle_mm.graphs import OwnGraph, _Signature
+from eagle_mm.decode.graphs import OwnGraph, _Signature
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,9 +18,9 @@ import torch  # noqa: E402
 
 from eagle_mm.kernels import verify_sampling  # noqa: E402
 from eagle_mm.kernels.dispatch import ENV_BACKEND  # noqa: E402
-from eagle_mm.sampling import (rejection_walk, sample_children, tree_rejection_sample,  # noqa: E402
+from eagle_mm.decode.sampling import (rejection_walk, sample_children, tree_rejection_sample,  # noqa: E402
                                tree_rejection_sample_scores)
-from eagle_mm.tree import Tree  # noqa: E402
+from eagle_mm.decode.tree import Tree  # noqa: E402
 from test_sampling import _check  # noqa: E402
 
 triton = pytest.importorskip("triton")

@@ -198,7 +198,7 @@ def test_llama4_near_the_temperature_limit_still_matches_generate():
 
 
 def test_text_models_still_refuse_extra_inputs():
-    from eagle_mm.options import split_model_inputs
+    from eagle_mm.decode.options import split_model_inputs
 
     ids = prompt(5)
     with pytest.raises(ValueError, match=r"does not support the model input\(s\) \['pixel_values'\]"):

@@ -215,7 +215,7 @@ def test_features_are_the_language_models_hidden_states(family):
 
 
 def test_chunked_layers_are_book_kept_as_windows():
-    from eagle_mm.cache import layer_kinds
+    from eagle_mm.decode.dynamic import layer_kinds
 
     model = tiny_vlm("llama4").model
     tc = model.config.get_text_config()

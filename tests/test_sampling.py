@@ -7,9 +7,9 @@ rules, so the bounds are shown to have teeth. Seeds are fixed; the bounds come f
 import pytest
 import torch
 
-from eagle_mm import sampling
-from eagle_mm.sampling import sample_children, sibling_scores, tree_rejection_sample
-from eagle_mm.tree import Tree, path_indices, select_tree
+from eagle_mm.decode import sampling
+from eagle_mm.decode.sampling import sample_children, sibling_scores, tree_rejection_sample
+from eagle_mm.decode.tree import Tree, path_indices, select_tree
 
 B = 40_000  # trials per statistical check
 

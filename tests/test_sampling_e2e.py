@@ -15,7 +15,7 @@ import transformers as tf
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import eagle_mm as em
-import eagle_mm.generate as gen_mod
+import eagle_mm.decode.loop as gen_mod
 
 V, STEPS, N = 7, 3, 24000
 PROMPT = torch.tensor([[1, 4, 2, 6]])
@@ -103,7 +103,7 @@ def test_sampled_sequences_follow_target_distribution(temperature, top_k, top_p,
 def _wrong_rule(tree, p, q, generator=None):
     """Accept a node whenever it is the target's most likely token (ignores p's shape): a classic mistake."""
     target_next = p.argmax(-1)
-    from eagle_mm.tree import greedy_accept
+    from eagle_mm.decode.tree import greedy_accept
 
     accept_len, best = greedy_accept(tree, target_next, int(tree.depth.max()))
     bonus = torch.multinomial(p.gather(1, best[:, None, None].expand(-1, 1, p.shape[-1])).squeeze(1), 1,

@@ -83,7 +83,7 @@ def test_image_embeds_round_trips_and_official_layouts_stay_as_they_were():
 
 def _spy_extend_head(monkeypatch, arg: str) -> list:
     """Record the ``arg`` ("hidden" or "embeds") of every call of the decode loop's extend_head, in order."""
-    import eagle_mm.generate as gen
+    import eagle_mm.decode.loop as gen
 
     seen, real = [], gen.extend_head
 

@@ -6,7 +6,7 @@ import torch
 from transformers.generation.stopping_criteria import (EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria,
                                                        StoppingCriteria, StoppingCriteriaList)
 
-from eagle_mm.stopping import first_stop
+from eagle_mm.decode.stopping import first_stop
 
 pytestmark = pytest.mark.compat  # HF's criteria classes are read by type: check them on the oldest release too
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import eagle_mm as em
-from eagle_mm.draft import extend_head
+from eagle_mm.decode.draft import extend_head
 from eagle_mm.train.losses import eagle1_loss, eagle3_loss, shift_left, ttt_mask, ttt_unroll
 from eagle_mm.train.target import target_features, target_logits
 from tests.test_train_tools import one_thread  # noqa: F401

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import eagle_mm as em
-from eagle_mm.draft import draft_tree, extend_head
-from eagle_mm.tree import Tree, ancestors, greedy_accept, path_indices, select_tree
+from eagle_mm.decode.draft import draft_tree, extend_head
+from eagle_mm.decode.tree import Tree, ancestors, greedy_accept, path_indices, select_tree
 from tests.tiny import tiny_model
 
 # A hand-built tree, root at 0:      0

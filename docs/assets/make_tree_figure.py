@@ -1,7 +1,7 @@
 """Draw docs/assets/tree.png: a small EAGLE-2 draft tree and the attention mask that verifies it.
 
 The tree is not drawn by hand: the candidates below go through the library's own
-``eagle_mm.tree.select_tree`` (global rerank), ``ancestors`` (mask) and ``greedy_accept``, so the
+``eagle_mm.decode.tree.select_tree`` (global rerank), ``ancestors`` (mask) and ``greedy_accept``, so the
 picture shows what the code does. Run from the repository root, with the package and matplotlib
 installed (``pip install -e ".[docs]"``), and commit the PNG:
 
@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
 
-from eagle_mm.tree import ancestors, greedy_accept, select_tree  # noqa: E402
+from eagle_mm.decode.tree import ancestors, greedy_accept, select_tree  # noqa: E402
 
 OUT = Path(__file__).with_name("tree.png")
 DEPTH, TOP_K, TOTAL = 3, 2, 5  # TreeConfig(depth=3, top_k=2, total_tokens=5)

@@ -95,9 +95,9 @@ def verify_greedy(logits: torch.Tensor, tree_tokens: torch.Tensor, parent: torch
     """Greedy verification of a draft tree against the target's logits at its nodes.
 
     logits (B, N+1, V) fp16/bf16/fp32, root first; tree_tokens, parent, depth (B, N+1) integer, as in
-    `eagle_mm.tree.Tree` (0 <= parent[i] <= N, parents before children, depth <= max_depth; not
+    `eagle_mm.decode.tree.Tree` (0 <= parent[i] <= N, parents before children, depth <= max_depth; not
     checked: checking would read the device). Returns int64 (B,) tensors (accept_len, best, bonus),
-    plus path (B, max_depth+1) as `eagle_mm.tree.path_indices` gives when ``with_path``. Equal, bit for
+    plus path (B, max_depth+1) as `eagle_mm.decode.tree.path_indices` gives when ``with_path``. Equal, bit for
     bit, to torch: target = logits.argmax(-1), `greedy_accept`, bonus = target[best]. No host sync.
     On sm_90+ the Triton kernel keeps a small buffer of key slots per device and stream between calls
     (`triton_greedy._key_slots`): calls on one stream may follow each other freely, and calls on different
@@ -136,11 +136,11 @@ def _check_sampling(scores, q, tokens, parent, u, e) -> None:
 
 def verify_sampling(scores: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor,
                     u: torch.Tensor, e: torch.Tensor, *, backend: str | None = None):
-    """Recursive rejection sampling down a draft tree, given its noise (see `eagle_mm.sampling`).
+    """Recursive rejection sampling down a draft tree, given its noise (see `eagle_mm.decode.sampling`).
 
     scores (B, N+1, V): the target's processed logits after each node (p = softmax(scores), -inf =
     masked); q (B, N+1, V): the draft distribution each node's children were drawn from; tokens,
-    parent (B, N+1) integer as in `eagle_mm.tree.Tree`; u (B, N+1) uniforms; e (B, V) Exp(1) noise.
+    parent (B, N+1) integer as in `eagle_mm.decode.tree.Tree`; u (B, N+1) uniforms; e (B, V) Exp(1) noise.
     Floating inputs fp16/bf16/fp32 (the kernel computes in fp32; fp32 inputs are not copied).
     Returns int64 (B,) (accept_len, best, bonus). The torch reference is
     ``rejection_walk(tokens, parent, softmax(scores.float(), -1), q, u, e)``; the Triton walk softmaxes
@@ -151,5 +151,5 @@ def verify_sampling(scores: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor,
     if _resolve(backend, scores.device, load=_sampling_module) == "triton":
         return _sampling_module().rejection_walk_triton(tokens, parent, scores.float(), q.float(), u.float(),
                                                         e.float())
-    from ..sampling import rejection_walk  # imported here: eagle_mm.sampling imports this package
+    from ..decode.sampling import rejection_walk  # imported here: eagle_mm.decode.sampling imports this package
     return rejection_walk(tokens.long(), parent.long(), torch.softmax(scores.float(), -1), q, u, e)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import Tree, greedy_accept, path_indices
+from ..decode.tree import Tree, greedy_accept, path_indices
 
 __all__ = ["verify_greedy_reference"]
 

@@ -1,4 +1,4 @@
-"""Triton sampling tree verification: the recursive rejection walk of `eagle_mm.sampling.rejection_walk`.
+"""Triton sampling tree verification: the recursive rejection walk of `eagle_mm.decode.sampling.rejection_walk`.
 
 One program per batch row walks the nodes j = 1..N in index order, exactly as the torch walk does, in a
 single launch with no host reads. The torch walk takes p = softmax(scores) for every node, B x (N+1) x V
@@ -24,7 +24,7 @@ u < p_cur(x) / max(q_cur(x), tiny); an all-zero residual keeps p_cur; a draft wh
 stays all zero (normalizer clamped to tiny); bonus ties go to the lowest index, as torch.argmax.
 
 Why it is exact. The walk is the same sequence of decisions as `rejection_walk`, with the same noise (u
-per node, e per row), so the proof in `eagle_mm.sampling`'s module docstring applies unchanged: only how
+per node, e per row), so the proof in `eagle_mm.decode.sampling`'s module docstring applies unchanged: only how
 p_cur and q_cur are stored differs, not which distributions they are. Where it may differ from the
 reference in the last bits: the softmax sum is accumulated online in lanes (torch sums after a max pass);
 a residual is divided by its sum when read rather than once when written; q without x is its unnormalized

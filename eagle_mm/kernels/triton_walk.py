@@ -1,7 +1,7 @@
 """Triton tree walk for greedy verification: one program per row, after the argmax (`triton_argmax`).
 
 The argmax left part_key[s, r], one int64 order key per (split s, row-node r); the max over s is the
-target's argmax after node r. The walk does what `eagle_mm.tree.greedy_accept` + `path_indices` do, on
+target's argmax after node r. The walk does what `eagle_mm.decode.tree.greedy_accept` + `path_indices` do, on
 register vectors over the row's N+1 nodes (BLOCK lanes). Two ways, same results bit for bit:
 
   bits (default where it fits, `_walk_bits`): everything that depends on the tree alone is built before

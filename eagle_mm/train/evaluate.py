@@ -5,7 +5,7 @@ import torch
 
 from ..arch import execution_device
 from ..config import TreeConfig
-from ..generate import speculative_generate
+from ..decode.loop import speculative_generate
 from .data import PER_TOKEN_INPUTS
 
 __all__ = ["eval_prompts", "mean_accept_length"]

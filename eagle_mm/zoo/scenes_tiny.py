@@ -287,7 +287,7 @@ def image_demo(image=None, question: str = "Describe the image.", *, path=None, 
     """
     from PIL import Image
 
-    from ..generate import speculative_generate
+    from ..decode.loop import speculative_generate
     from .registry import load, load_scenes_dir
 
     zm = load_scenes_dir(path, device=device) if path is not None else load(NAME, device=device)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from transformers.generation import logits_process as lp
 
-__all__ = ["process_tree_logits", "reads_input_ids", "node_paths"]
+__all__ = ["process_tree_logits", "reads_input_ids", "node_paths", "capturable_warpers", "INPUT_FREE"]
 
-_INPUT_FREE = tuple(
+INPUT_FREE = tuple(
     getattr(lp, name)
     for name in ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
                  "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper",
@@ -22,7 +22,13 @@ _INPUT_FREE = tuple(
 
 def reads_input_ids(processors) -> bool:
     """Whether any processor's output may depend on the sequence so far."""
-    return any(not isinstance(p, _INPUT_FREE) for p in (processors or []))
+    return any(not isinstance(p, INPUT_FREE) for p in (processors or []))
+
+
+def capturable_warpers(processors) -> bool:
+    """Whether every processor is exactly one of transformers' input-free warpers (not a subclass): the code the
+    engine's draft step runs inside its graph."""
+    return all(type(p) in INPUT_FREE for p in (processors or []))
 
 
 def node_paths(parent: torch.Tensor, depth: torch.Tensor, max_depth: int) -> torch.Tensor:

@@ -44,17 +44,20 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import verify_sampling
+from ..kernels import verify_sampling
 from .tree import Tree
 
-__all__ = ["sample_children", "sibling_scores", "tree_rejection_sample", "tree_rejection_sample_scores",
+__all__ = ["sample_children", "draft_noise", "sibling_scores", "tree_rejection_sample", "tree_rejection_sample_scores",
            "rejection_walk"]
 
 
-def sample_children(logq: torch.Tensor, k: int, generator: torch.Generator | None = None):
+def sample_children(logq: torch.Tensor, k: int, generator: torch.Generator | None = None,
+                    noise: torch.Tensor | None = None):
     """Draw k children per node without replacement from q = exp(logq) (Gumbel-top-k).
 
     logq (B, M, V) (any leading shape) processed draft log-probs over the target vocab, -inf where q = 0.
+    ``noise``: Exp(1) draws of logq's shape (fp32) to use instead of drawing them here from ``generator`` (what
+    lets the draft run inside a CUDA graph: ``draft_noise`` draws a whole draft's worth outside it).
     Returns ids (B, M, k) in sample order and valid (B, M, k): False for draws of q = 0 tokens, which
     only happen once q's support is exhausted, so they always come last.
     """
@@ -63,10 +66,17 @@ def sample_children(logq: torch.Tensor, k: int, generator: torch.Generator | Non
         raise ValueError(f"k={k} children must be in [1, {V}] (the vocabulary size)")
     # -log(E), E ~ Exp(1), is Gumbel(0, 1); the top-k of log q + Gumbel is a sample without replacement
     # in draw order. Clamping E keeps the noise finite, so -inf log-probs stay -inf (never NaN).
-    e = torch.empty(logq.shape, dtype=torch.float32, device=logq.device).exponential_(generator=generator)
-    keys = logq.float() - e.clamp_min_(torch.finfo(torch.float32).tiny).log()
+    e = noise if noise is not None else torch.empty(logq.shape, dtype=torch.float32, device=logq.device).exponential_(
+        generator=generator)
+    keys = logq.float() - e.clamp_min(torch.finfo(torch.float32).tiny).log()
     keys, ids = keys.topk(k, dim=-1)  # (B, M, k), sorted: draw order
     return ids, keys > float("-inf")
+
+
+def draft_noise(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Fill ``out`` (B, 1 + (depth-1) * top_k, V) fp32 with the Exp(1) draws of one sampled draft, in the order the
+    draft consumes them: the root's row, then top_k rows per level (``draft.draft_candidates``)."""
+    return out.exponential_(generator=generator)
 
 
 def sibling_scores(parent_score: torch.Tensor, parent_logp: torch.Tensor, logq_children: torch.Tensor) -> torch.Tensor:

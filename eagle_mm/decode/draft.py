@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import TreeConfig
-from .processing import reads_input_ids
-from .sampling import sample_children, sibling_scores
+from ..config import TreeConfig
+from .processors import reads_input_ids
+from .sampling import draft_noise, sample_children, sibling_scores
 from .tree import Tree, select_tree
 
 __all__ = ["HeadCache", "DraftSampler", "Candidates", "extend_head", "head_entries", "draft_candidates",
-           "draft_tree"]
+           "draft_tree", "node_q", "scratch_slots", "with_scratch"]
 
 
 @dataclass
@@ -78,11 +78,11 @@ def extend_head(head, cache: HeadCache | None, hidden: torch.Tensor, tokens: tor
 
     hidden (B, A, F) target features; tokens (B, A) the next tokens; pos (B, A) positions, -1 = padding.
     Returns (cache, out (B, A, H), logits (B, A, V_draft)). ``step``: the head's step function (default
-    ``head.step``). A static cache is written in place by ``eagle_mm.static_cycle.update_step`` instead.
+    ``head.step``). A static cache is written in place by ``eagle_mm.decode.cycle_fixed.update_step`` instead.
     """
     if cache is not None and cache.length is not None:
         raise ValueError("extend_head appends to a dynamic head cache; a static one is written by "
-                         "eagle_mm.static_cycle.update_step")
+                         "eagle_mm.decode.cycle_fixed.update_step")
     out, logits, (k, v) = head_entries(head, cache, hidden, tokens, pos, embeds, step=step)
     if cache is None:
         return HeadCache(k, v, pos), out, logits
@@ -115,15 +115,15 @@ def head_entries(head, cache: HeadCache | None, hidden: torch.Tensor, tokens: to
 
 
 def _children(head, logits: torch.Tensor, parent_score: torch.Tensor, parent_logp: torch.Tensor, k: int,
-              sampler: DraftSampler | None):
+              sampler: DraftSampler | None, noise: torch.Tensor | None):
     """Children of each of M nodes: tokens (B, M, k) target ids, rank scores (B, M, k), path log-probs
-    (B, M, k), and q (B, M, V) in sampling mode (else None)."""
+    (B, M, k), and q (B, M, V) in sampling mode (else None). ``noise`` (B, M, V): the Exp(1) draws (sampling)."""
     if sampler is None:
         logp, ids = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)
         path = parent_logp[..., None] + logp
         return head.draft_to_target(ids), path, path, None
     logq = sampler.logq(logits)  # (B, M, V)
-    ids, _ = sample_children(logq, k, sampler.generator)  # (B, M, k) in sample order
+    ids, _ = sample_children(logq, k, sampler.generator, noise)  # (B, M, k) in sample order
     child_logq = logq.gather(-1, ids)
     # Invalid draws (q = 0, after q's support) already score -inf in sibling_scores.
     scores = sibling_scores(parent_score, parent_logp, child_logq)
@@ -142,58 +142,69 @@ class Candidates:
     expanded: list  # sampling mode: candidate ids of the nodes each q row belongs to
 
 
+def scratch_slots(top_k: int, depth: int) -> int:
+    """Head-cache slots one draft writes: top_k per level below the first."""
+    return (depth - 1) * top_k
+
+
+def with_scratch(cache: HeadCache, top_k: int, depth: int) -> HeadCache:
+    """A dynamic head cache (B, nkv, S, hd) copied into one with the draft's scratch slots after its S entries."""
+    n = scratch_slots(top_k, depth)
+    k = torch.cat((cache.k, cache.k.new_zeros(*cache.k.shape[:2], n, cache.k.shape[3])), 2)
+    v = torch.cat((cache.v, cache.v.new_zeros(*cache.v.shape[:2], n, cache.v.shape[3])), 2)
+    return HeadCache(k, v, cache.pos, cache.pos.shape[1], n)
+
+
 def draft_candidates(head, cache: HeadCache, root_out: torch.Tensor, root_logits: torch.Tensor,
                      root_pos: torch.Tensor, top_k: int, depth: int,
-                     sampler: DraftSampler | None = None, *, step=None) -> Candidates:
+                     sampler: DraftSampler | None = None, noise: torch.Tensor | None = None, *,
+                     step=None) -> Candidates:
     """Grow the EAGLE-2 frontier ``depth`` levels deep below the root at ``root_pos`` (B,).
 
+    ``cache``: the head's C committed entries followed by ``scratch_slots(top_k, depth)`` scratch slots, which the
+    draft writes (one fixed shape for every step); a dynamic cache is first copied into one (``with_scratch``).
     root_out (B, H) / root_logits (B, V_draft): the head's output at the entry that pairs the feature
-    before the root with the root. The head's committed entries are not modified (a static cache's
-    scratch slots are). ``step``: the head's step function (default ``head.step``).
+    before the root with the root. ``noise`` (B, 1 + (depth-1)*top_k, V): the sampled draft's Exp(1) draws
+    (``sampling.draft_noise``); None draws them here. ``step``: the head's step function (default ``head.step``).
     """
     step = step or head.step
-    static = cache.length is not None
-    if static and cache.scratch < (depth - 1) * top_k:
-        raise ValueError(f"static head cache has {cache.scratch} scratch slots, a depth-{depth} top-{top_k} draft "
-                         f"needs {(depth - 1) * top_k}")
+    if cache.length is None:  # a dynamic cache: copied once into one with scratch slots
+        cache = with_scratch(cache, top_k, depth)
+    if cache.scratch < scratch_slots(top_k, depth):
+        raise ValueError(f"head cache has {cache.scratch} scratch slots, a depth-{depth} top-{top_k} draft "
+                         f"needs {scratch_slots(top_k, depth)}")
     B, k, dev = root_out.shape[0], top_k, root_out.device
     dtype = next(head.parameters()).dtype
+    if sampler is not None and noise is None:
+        noise = draft_noise(torch.empty(B, 1 + scratch_slots(k, depth), sampler.vocab_size, device=dev),
+                            sampler.generator)
     zero = torch.zeros(B, 1, device=dev)
-    tok, score, logp, q = _children(head, root_logits[:, None], zero, zero, k, sampler)
+    tok, score, logp, q = _children(head, root_logits[:, None], zero, zero, k, sampler,
+                                    None if noise is None else noise[:, :1])
     tok, score, logp = tok[:, 0], score[:, 0], logp[:, 0]  # (B, k) the depth-1 candidates
     cand_tok, cand_score, cand_parent = [tok], [score], [torch.full_like(tok, -1)]
     cand_depth = [torch.ones(k, dtype=torch.long, device=dev)]
     q_rows = [q[:, 0]] if q is not None else []  # q of each expanded node, root first
     expanded = [torch.full((B, 1), -1, dtype=torch.long, device=dev)]  # candidate id of each q row
     front_idx = torch.arange(k, device=dev).expand(B, k)  # candidate ids of the frontier
-    front_hidden = root_out[:, None, :].expand(B, k, root_out.shape[-1])
-    if static:  # row-major strides like the later frontiers': one compiled step for all. (contiguous() is not
-        # enough: with size-1 dims it keeps the root's prompt-length stride, and dynamo guards on strides.)
-        front_hidden = front_hidden.clone(memory_format=torch.contiguous_format)
-    # Ancestry over the draft's own entries; static: over all scratch slots from the start (fixed shapes).
-    front_anc = torch.zeros(B, k, cache.scratch if static else 0, dtype=torch.bool, device=dev)
-    tk = tv = None
+    # Row-major strides like the later frontiers': one compiled step for all. (contiguous() is not enough: with
+    # size-1 dims it keeps the root's prompt-length stride, and dynamo guards on strides.)
+    front_hidden = root_out[:, None, :].expand(B, k, root_out.shape[-1]).clone(memory_format=torch.contiguous_format)
+    front_anc = torch.zeros(B, k, cache.scratch, dtype=torch.bool, device=dev)  # ancestry over the scratch slots
     n_cand = k
-    past_ok = cache.pos >= 0  # (B, S_h)
+    past_ok = cache.pos >= 0  # (B, C)
     eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
+    s_base = cache.pos.shape[1]  # the scratch slots start after the C committed ones
     for d in range(1, depth):
-        # Run the head on the frontier (depth-d nodes) to propose depth d+1.
+        # Run the head on the frontier (depth-d nodes) to propose depth d+1; unwritten scratch slots are masked.
         pos = (root_pos + d - 1)[:, None].expand(B, k)  # a depth-d node pairs with the feature at depth d-1
         allowed = torch.cat((past_ok[:, None, :].expand(B, k, -1), front_anc, eye), dim=-1)
-        if static:  # the whole buffer; unwritten scratch slots are masked out
-            past = (cache.k, cache.v)
-        else:
-            past = (cache.k, cache.v) if tk is None else (torch.cat((cache.k, tk), 2), torch.cat((cache.v, tv), 2))
-        out, logits, (k_new, v_new) = step(head.embed(tok), front_hidden, pos, _additive(allowed, dtype), past)
-        if static:
-            s0 = cache.pos.shape[1] + (d - 1) * k  # this step's scratch slots
-            cache.k[:, :, s0:s0 + k], cache.v[:, :, s0:s0 + k] = k_new, v_new
-            n_entries = (d - 1) * k + k
-        else:
-            tk = k_new if tk is None else torch.cat((tk, k_new), 2)
-            tv = v_new if tv is None else torch.cat((tv, v_new), 2)
-            n_entries = tk.shape[2]
-        child_tok, child_score, child_logp, q = _children(head, logits, score, logp, k, sampler)  # (B, k, k)
+        out, logits, (k_new, v_new) = step(head.embed(tok), front_hidden, pos, _additive(allowed, dtype),
+                                           (cache.k, cache.v))
+        s0 = s_base + (d - 1) * k  # this step's scratch slots
+        cache.k[:, :, s0:s0 + k], cache.v[:, :, s0:s0 + k] = k_new, v_new
+        rows = None if noise is None else noise[:, 1 + (d - 1) * k: 1 + d * k]
+        child_tok, child_score, child_logp, q = _children(head, logits, score, logp, k, sampler, rows)  # (B, k, k)
         if q is not None:
             q_rows.append(q)  # (B, k, V) one per frontier node
             expanded.append(front_idx)
@@ -211,30 +222,31 @@ def draft_candidates(head, cache: HeadCache, root_out: torch.Tensor, root_logits
         n_cand += k * k
         front_hidden = out.gather(1, par[:, :, None].expand(-1, -1, out.shape[-1]))
         front_anc = front_anc.gather(1, par[:, :, None].expand(-1, -1, front_anc.shape[2]))
-        if not static:
-            front_anc = torch.cat((front_anc, torch.zeros(B, k, k, dtype=torch.bool, device=dev)), dim=2)
         own = torch.zeros_like(front_anc)
-        own.scatter_(2, (n_entries - k + par)[:, :, None], True)
+        own.scatter_(2, ((d - 1) * k + par)[:, :, None], True)  # each pick's parent's scratch slot
         front_anc = front_anc | own
     return Candidates(torch.cat(cand_tok, 1), torch.cat(cand_parent, 1), torch.cat(cand_depth),
                       torch.cat(cand_score, 1), q_rows, expanded)
 
 
 def draft_tree(head, cache: HeadCache, root: torch.Tensor, root_out: torch.Tensor, root_logits: torch.Tensor,
-               root_pos: torch.Tensor, tree: TreeConfig, sampler: DraftSampler | None = None, *, step=None):
-    """Grow a dynamic tree below ``root`` (B,): the candidates, then the global rerank.
+               root_pos: torch.Tensor, tree: TreeConfig, sampler: DraftSampler | None = None,
+               noise: torch.Tensor | None = None, *, step=None):
+    """Grow a tree below ``root`` (B,): the candidates, then the global rerank.
 
-    Returns (Tree, q) where q (B, N+1, V) is the proposal distribution each node's children were drawn
-    from (sampling mode; zeros for nodes never expanded), or None in greedy mode.
+    ``cache`` as ``draft_candidates`` takes it (with scratch slots). Returns (Tree, q) where q (B, N+1, V) is the
+    proposal distribution each node's children were drawn from (sampling mode; zeros for nodes never expanded),
+    or None in greedy mode.
     """
-    c = draft_candidates(head, cache, root_out, root_logits, root_pos, tree.top_k, tree.depth, sampler, step=step)
+    c = draft_candidates(head, cache, root_out, root_logits, root_pos, tree.top_k, tree.depth, sampler, noise,
+                         step=step)
     result = select_tree(root, c.tokens, c.parent, c.depth, c.score, tree.total_tokens)
     if sampler is None:
         return result, None
-    return result, _node_q(result, c.q_rows, c.expanded, c.tokens.shape[1])
+    return result, node_q(result, c.q_rows, c.expanded, c.tokens.shape[1])
 
 
-def _node_q(tree: Tree, q_rows: list, expanded: list, n_cand: int) -> torch.Tensor:
+def node_q(tree: Tree, q_rows: list, expanded: list, n_cand: int) -> torch.Tensor:
     """(B, N+1, V): the proposal distribution of each tree node (zeros if it was never expanded)."""
     first = q_rows[0][:, None]  # (B, 1, V) the root's
     q_all = torch.cat([first] + q_rows[1:], dim=1)  # (B, E, V) one row per expanded node

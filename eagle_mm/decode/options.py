@@ -5,9 +5,21 @@ criteria, and prepares model inputs; the options below are the ones our loop can
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
-__all__ = ["check_generation_config", "split_model_inputs", "pad_id"]
+from ..config import TreeConfig
+from .graphs import COMPILE_MODES
+from .masks import layer_kinds
+from .processors import capturable_warpers
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["check_generation_config", "check_attention", "split_model_inputs", "pad_id", "choose_storage",
+           "default_tree", "resolve_tree", "CACHE_IMPLEMENTATIONS"]
+
+CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
 
 # Generation options that must stay at their default (name -> default, reason).
 _UNSUPPORTED = {
@@ -94,3 +106,91 @@ def pad_id(gen) -> int:
     eos = gen.eos_token_id
     eos = eos[0] if isinstance(eos, (list, tuple)) else eos
     return int(eos) if eos is not None else 0
+
+
+def check_attention(model) -> None:
+    impl = getattr(model.config, "_attn_implementation", "eager")
+    if impl not in ("eager", "sdpa"):
+        raise ValueError(f"tree verification needs a 4D float mask, which attn_implementation={impl!r} cannot take; "
+                         f"load the model with attn_implementation='sdpa' (or call model.set_attn_implementation('sdpa'))")
+
+
+def resolve_tree(tree):
+    """A TreeConfig, "auto", or None (the default for the device and batch, chosen later) from what the user passed."""
+    if tree is None or isinstance(tree, TreeConfig) or (isinstance(tree, str) and tree == "auto"):
+        return tree
+    if isinstance(tree, dict):
+        try:
+            return TreeConfig(**tree)
+        except TypeError as e:
+            raise TypeError(f"tree={tree!r}: {e}; TreeConfig's fields are depth, top_k and total_tokens") from None
+    raise TypeError(f"tree must be a TreeConfig, a dict of its fields, None or 'auto', got {type(tree).__name__} "
+                    f"{tree!r}")
+
+
+def default_tree(device: torch.device, batch: int) -> TreeConfig:
+    """The tree the default call drafts. A CPU computes every verified node (no idle bandwidth to fill), so it gets
+    a narrow tree; on a GPU a wide tree is free while the target is memory-bound, which larger batches end."""
+    if torch.device(device).type == "cpu":
+        return TreeConfig(depth=5, top_k=2, total_tokens=8)
+    if batch <= 2:
+        return TreeConfig()
+    if batch <= 8:
+        return TreeConfig(depth=5, top_k=4, total_tokens=16)
+    return TreeConfig(depth=4, top_k=2, total_tokens=6)
+
+
+def choose_storage(cache_implementation, compile, model, parts, processors, *, device=None):
+    """("fixed" | "dynamic", mode, layer kinds or None): where the call runs and how its steps run.
+
+    The engine ("fixed") unless asked for the fallback (``cache_implementation="dynamic"``, or ``compile=False``
+    alone) or the call is one the engine cannot take, which is logged with its reason. mode (engine): None eager,
+    "graphs" (CUDA graphs of the eager steps, the default on CUDA) or a ``torch.compile`` mode. With ``model``
+    None only the options are checked.
+    """
+    if cache_implementation not in CACHE_IMPLEMENTATIONS:
+        raise ValueError(f"cache_implementation={cache_implementation!r} is not supported; expected one of "
+                         f"{CACHE_IMPLEMENTATIONS[1:]} (or None for the default, the engine)")
+    if compile not in (None, True, False) and (not isinstance(compile, str) or compile not in COMPILE_MODES):
+        raise ValueError(f"compile={compile!r}: expected None, True, False or a torch.compile mode {COMPILE_MODES}")
+    if compile not in (None, False) and cache_implementation == "dynamic":
+        raise ValueError(f"compile={compile!r} needs the engine's fixed shapes; cache_implementation='dynamic' "
+                         f"has none: drop one of the two")
+    if model is None:
+        return None
+    if cache_implementation == "dynamic" or (compile is False and cache_implementation is None):
+        return "dynamic", None, None
+    reason = _engine_refuses(model, parts, processors)
+    if reason is not None:
+        logger.warning("speculative_generate runs the dynamic-cache fallback: %s", reason)
+        return "dynamic", None, None
+    cuda = torch.device(device).type == "cuda"
+    if compile is None or compile is False:
+        mode = "graphs" if cuda and compile is None else None
+    elif compile is True:
+        mode = "reduce-overhead" if cuda else "default"
+    else:
+        mode = compile if cuda or compile not in ("reduce-overhead", "max-autotune") else "default"
+    return "fixed", mode, layer_kinds(parts.text_config, parts.num_layers)
+
+
+def _engine_refuses(model, parts, processors) -> str | None:
+    """Why the engine cannot take this call, or None."""
+    devices = {str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
+    if len(devices) > 1:
+        return f"the target is split over devices {sorted(devices)}, and the engine's graphs run on one device"
+    try:
+        layer_kinds(parts.text_config, parts.num_layers)
+    except ValueError as e:
+        return str(e)
+    odd = [type(p).__name__ for p in processors or [] if not capturable_warpers([p]) and _subclasses_warper(p)]
+    if odd:
+        return (f"logits processor(s) {odd} subclass a transformers warper, which the engine's draft step runs "
+                f"inside its graph; only transformers' own warpers are run there")
+    return None
+
+
+def _subclasses_warper(p) -> bool:
+    from .processors import INPUT_FREE
+
+    return isinstance(p, INPUT_FREE)

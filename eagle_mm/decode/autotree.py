@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .arch import resolve_target
-from .compat import cache_kwarg, output_cache
-from .config import TreeConfig
+from ..arch import resolve_target
+from ..compat import cache_kwarg, output_cache
+from ..config import TreeConfig
 from .draft import HeadCache, draft_candidates, extend_head
-from .features import FeatureCapture
+from ..features import FeatureCapture
 from .tree import greedy_accept, select_tree
 # The device-cost half of tree="auto" lives in autotree_costs; its public names stay importable from here.
 from .autotree_costs import (SIZES, TOP_KS, TOTALS, DeviceCosts, measure_costs, measure_draft_cost,
@@ -237,12 +237,13 @@ def rank_trees(replay: Replay, costs: DeviceCosts, grid, *,
 
 
 def choose_tree(model, head, calib_input_ids, *, device_costs: DeviceCosts | None = None, grid=None,
-                max_new_tokens: int = 48, batch_size: int = 1, repeats: int = 5) -> AutoTreeResult:
+                max_new_tokens: int = 48, batch_size: int = 1, repeats: int = 5, decode=None) -> AutoTreeResult:
     """Pick the TreeConfig with the most predicted tokens/s for ``model`` + ``head`` on this device.
 
     calib_input_ids: (B, L) prompts (no padding) or a list of 1-D prompts; each is continued greedily for
     ``max_new_tokens`` tokens. device_costs: measured here (``measure_costs``) when None. grid: the trees
     to choose from (``default_grid()`` when None). ``batch_size`` is the batch the costs are measured for.
+    ``decode``: the loop timed for its overhead, ``eagle_mm.speculative_generate`` (needed when costs are measured).
     """
     start = time.perf_counter()
     vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size
@@ -260,7 +261,10 @@ def choose_tree(model, head, calib_input_ids, *, device_costs: DeviceCosts | Non
     if device_costs is None:
         prefix = sum(n for _, n, _ in replay.spans) // len(replay.spans) + max_new_tokens // 2  # mid-generation
         sizes = sorted(set(SIZES) | {max(t.total_tokens for t in covered)})
-        device_costs = measure_costs(model, head, sizes=sizes, top_ks=top_ks, depth=max(max_depth, 2),
+        if decode is None:
+            raise ValueError("choose_tree measures the decode loop's overhead: pass decode=eagle_mm.speculative_generate "
+                             "(or device_costs=...)")
+        device_costs = measure_costs(model, head, decode, sizes=sizes, top_ks=top_ks, depth=max(max_depth, 2),
                                      prefix_len=prefix, batch_size=batch_size, repeats=repeats)
     result = rank_trees(replay, device_costs, grid, default=default)
     result.calibration_seconds = time.perf_counter() - start

@@ -1,6 +1,6 @@
 """Device costs for ``tree="auto"``: seconds per decode cycle by part, measured on this device.
 
-T(cfg) = verify(N) + draft(k, D) + fixed (see ``eagle_mm.autotree``): ``measure_verify_cost`` times the
+T(cfg) = verify(N) + draft(k, D) + fixed (see ``eagle_mm.decode.autotree``): ``measure_verify_cost`` times the
 target's side of a cycle at several tree sizes, ``measure_draft_cost`` the head's levels per top_k, and
 ``measure_loop_overhead`` the rest of a real ``speculative_generate`` cycle; ``measure_costs`` runs all three.
 Timed jobs take turns round by round (a slow spell of a shared machine hits all sizes alike); medians.
@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .arch import resolve_target
-from .cache import CacheSnapshot, SlotBook, build_masks, keep_path, layer_kinds
-from .compat import cache_kwarg, output_cache
-from .config import TreeConfig
+from ..arch import resolve_target
+from .dynamic import CacheSnapshot, SlotBook, keep_path
+from .masks import layer_kinds, tree_masks
+from ..compat import cache_kwarg, output_cache
+from ..config import TreeConfig
 from .draft import draft_tree, extend_head
-from .kernels import verify_greedy
+from ..kernels import verify_greedy
 from .tree import ancestors
 
 logger = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ def measure_verify_cost(model, sizes=SIZES[1:], *, prefix_len: int = 256, batch_
                         warmup: int = 2) -> dict[int, float]:
     """Median seconds of the target's side of a cycle with n draft nodes, for each n in ``sizes``.
 
-    Timed as the decode loop runs it: the 4D tree masks (``build_masks``), one forward of root + n nodes
+    Timed as the fallback loop runs it: the 4D tree masks (``tree_masks``), one forward of root + n nodes
     over a cache of ``prefix_len`` tokens, greedy verification with the host sync reading its result, and
     ``keep_path`` keeping three nodes. The cache is copied before each run (untimed).
     """
@@ -124,7 +125,7 @@ def measure_verify_cost(model, sizes=SIZES[1:], *, prefix_len: int = 256, batch_
     V = min(parts.vocab_size, 1000)  # low ids: clear of the image/special tokens most vocabularies keep high
     prefix = torch.randint(V, (B, prefix_len), generator=gen).to(dev)
     base = output_cache(model(input_ids=prefix, use_cache=True))
-    kinds = layer_kinds(base, parts.text_config)
+    kinds = layer_kinds(parts.text_config, len(base.layers), base.layers)
     book = SlotBook.after_prefill(base, torch.arange(prefix_len, device=dev).expand(B, -1))
     jobs = {}
     for n in sorted(set(sizes)):
@@ -139,7 +140,7 @@ def measure_verify_cost(model, sizes=SIZES[1:], *, prefix_len: int = 256, batch_
 
         def run(state, tokens=tokens, parent=parent, depth=depth, q_pos=q_pos, D=D, keep=keep, n=n):
             cache, slots, snap = state
-            masks = build_masks(kinds, slots, q_pos, ancestors(parent, D), model.dtype)
+            masks = tree_masks(kinds, slots.by_window(), q_pos, ancestors(parent, D), model.dtype)
             out = model(input_ids=tokens, attention_mask=masks, position_ids=q_pos, **{cache_kwarg(model): cache},
                         use_cache=True)
             accept_len = verify_greedy(out.logits, tokens, parent, depth, D, with_path=True)[0]
@@ -174,12 +175,12 @@ def measure_draft_cost(head, top_ks=TOP_KS, *, depth: int = 8, prefix_len: int =
     return {k: (t[k, 1], max(t[k, depth] - t[k, 1], 0.0) / (depth - 1)) for k in top_ks}
 
 
-def measure_loop_overhead(model, head, partial: DeviceCosts, *, prefix_len: int = 256, batch_size: int = 1,
+def measure_loop_overhead(model, head, partial: DeviceCosts, decode, *, prefix_len: int = 256, batch_size: int = 1,
                           repeats: int = 5, lengths: tuple[int, int] = (2, 18)) -> float:
     """Seconds per cycle the real decode loop spends beyond ``partial``'s verify(N) + draft(k, D): the head
     update, committing tokens against the stopping criteria, Python. The residual of ``speculative_generate``
-    with a chain of one, differenced over two generation lengths so that the prefill cancels."""
-    from .generate import speculative_generate  # generate.py imports this module lazily for tree="auto"
+    with a chain of one, differenced over two generation lengths so that the prefill cancels. ``decode``:
+    ``speculative_generate`` (passed in: the loop imports this module)."""
 
     dev, tree = next(model.parameters()).device, TreeConfig.chain(1)
     gen = torch.Generator().manual_seed(1)
@@ -187,7 +188,7 @@ def measure_loop_overhead(model, head, partial: DeviceCosts, *, prefix_len: int 
     cycles = {}  # greedy: every run of one length takes as many cycles
 
     def run(n):
-        out = speculative_generate(model, head, input_ids=ids, max_new_tokens=n, tree=tree, do_sample=False,
+        out = decode(model, head, input_ids=ids, max_new_tokens=n, tree=tree, do_sample=False,
                                    return_dict_in_generate=True)
         cycles[n] = out.stats.num_target_forwards
 
@@ -202,7 +203,7 @@ def measure_loop_overhead(model, head, partial: DeviceCosts, *, prefix_len: int 
     return max(per_cycle - partial.cycle_seconds(tree), 0.0)
 
 
-def measure_costs(model, head, *, sizes=SIZES, top_ks=TOP_KS, depth: int = 8, prefix_len: int = 256,
+def measure_costs(model, head, decode, *, sizes=SIZES, top_ks=TOP_KS, depth: int = 8, prefix_len: int = 256,
                   batch_size: int = 1, repeats: int = 5, warmup: int = 2) -> DeviceCosts:
     """All three parts of T(cfg) on the model's device (random prompt tokens, ``prefix_len`` long). Sizes
     1 and top_k 1 are always measured: the loop overhead is the residual of a chain of one."""
@@ -210,6 +211,6 @@ def measure_costs(model, head, *, sizes=SIZES, top_ks=TOP_KS, depth: int = 8, pr
     timing = dict(prefix_len=prefix_len, batch_size=batch_size, repeats=repeats, warmup=warmup)
     partial = DeviceCosts(verify=measure_verify_cost(model, sorted(set(sizes) | {1}), **timing),
                           draft=measure_draft_cost(head, sorted(set(top_ks) | {1}), depth=depth, **timing))
-    fixed = measure_loop_overhead(model, head, partial, prefix_len=prefix_len, batch_size=batch_size,
+    fixed = measure_loop_overhead(model, head, partial, decode, prefix_len=prefix_len, batch_size=batch_size,
                                   repeats=repeats)
     return DeviceCosts(verify=partial.verify, draft=partial.draft, fixed=fixed)

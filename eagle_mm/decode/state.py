@@ -1,17 +1,27 @@
-"""What speculative_generate returns with ``return_dict_in_generate=True``."""
+"""The decode loop's per-call state, and what speculative_generate returns with ``return_dict_in_generate=True``."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-from .config import TreeConfig
+from ..config import TreeConfig
 
-if TYPE_CHECKING:
-    from .autotree import AutoTreeResult
+__all__ = ["DecodeState", "SpeculativeOutput", "SpeculativeStats"]
 
-__all__ = ["SpeculativeOutput", "SpeculativeStats"]
+
+@dataclass
+class DecodeState:
+    """What the host keeps per row; the device side lives in the storage (``fixed``/``dynamic``)."""
+
+    prompt: list[list[int]]  # per row, the (padded) prompt as generate() sees it
+    generated: list[list[int]]  # per row, committed new tokens
+    finished: list[bool]
+    first: torch.Tensor  # (B,) the prefill's token, on the host
+    rope_offsets: torch.Tensor | None  # (3, B) M-RoPE offset of each axis from the text position, else None
+
+    def row(self, b: int) -> torch.Tensor:
+        return torch.tensor(self.prompt[b] + self.generated[b], dtype=torch.long)
 
 
 @dataclass
@@ -27,8 +37,11 @@ class SpeculativeStats:
     time_verify: float = 0.0  # seconds in target verify forwards and acceptance
     time_other: float = 0.0  # per-cycle bookkeeping (committing tokens, stopping checks, the dynamic cache/head update)
     time_prefill: float = 0.0  # seconds from the call's start to its first token: prefill forward and setup
+    time_compile: float = 0.0  # seconds of the above spent compiling or capturing graphs (first calls of a shape)
     tree: TreeConfig | None = None  # the draft tree the loop ran with
-    autotree: "AutoTreeResult | None" = None  # with tree="auto": the calibration that chose it
+    autotree: object = None  # with tree="auto": the calibration that chose it (``autotree.AutoTreeResult``)
+    engine: str = "fixed"  # "fixed": the engine's buffers; "dynamic": the fallback over HF's DynamicCache
+    mode: str | None = None  # the engine's step mode: None eager, "graphs", or a torch.compile mode
 
     @property
     def mean_accept_length(self) -> float:
@@ -55,6 +68,9 @@ class SpeculativeStats:
             "time_verify": self.time_verify,
             "time_other": self.time_other,
             "time_prefill": self.time_prefill,
+            "time_compile": self.time_compile,
+            "engine": self.engine,
+            "mode": self.mode,
             "tree": asdict(self.tree) if self.tree is not None else None,
             "autotree": self.autotree.as_dict(candidates=False) if self.autotree is not None else None,
         }

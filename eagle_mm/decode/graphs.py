@@ -1,4 +1,8 @@
-"""Our own CUDA graphs around a compiled function: one ``torch.cuda.CUDAGraph`` per input signature.
+"""The engine's CUDA graphs: one ``torch.cuda.CUDAGraph`` per input signature, around an eager or compiled function.
+
+``wrapped(owner, name, fn, mode)`` is how the decode cycle runs its fixed-shape functions: eagerly (mode None),
+captured as they are ("graphs": no compiler, so a first call costs two runs of the function, not a compile), or
+compiled by inductor first (a ``torch.compile`` mode name) and then captured.
 
 Why not inductor's CUDA graph trees (``torch.compile(mode="reduce-overhead")``): every call of a graph-tree
 function runs dynamo's guards, checks the static inputs, copies the others and rebuilds the outputs in Python.
@@ -24,6 +28,7 @@ on them, and they must hold no tensors.
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from collections import OrderedDict
 
@@ -31,7 +36,11 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OwnGraph"]
+__all__ = ["OwnGraph", "wrapped", "setup_seconds", "COMPILE_MODES"]
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+_NO_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 _MAX_GRAPHS = 8  # signatures kept per function; the oldest graph (and its memory pool) is dropped first
 _VALUES = (bool, int, float, str, torch.dtype, torch.device, type(None))
@@ -96,6 +105,7 @@ class OwnGraph:
         self.inner, self.what, self.unkeyed = inner, what, frozenset(unkeyed)
         self._graphs: OrderedDict = OrderedDict()  # key -> _Captured, or a list of refs after the warm-up call
         self.captures = 0  # graphs captured so far (tests read it)
+        self.setup = 0.0  # seconds spent in warm-up calls and captures (``setup_seconds`` sums them)
 
     def __call__(self, *args):
         sig = _Signature(args, self.unkeyed)  # unkeyed arguments hold no tensors (the contract)
@@ -114,14 +124,19 @@ class OwnGraph:
             self._graphs.move_to_end(sig.key)
             while len(self._graphs) > _MAX_GRAPHS:
                 self._graphs.popitem(last=False)
-            return self.inner(*args)
+            t0 = time.perf_counter()
+            out = self.inner(*args)
+            self.setup += time.perf_counter() - t0
+            return out
         self._graphs.move_to_end(sig.key)
         if isinstance(entry, _Captured):
             for src, dst in zip(sig.transient, entry.buffers):
                 if src.data_ptr() != dst.data_ptr():
                     dst.copy_(src)
         else:
+            t0 = time.perf_counter()
             entry = self._graphs[sig.key] = self._capture(args, sig)
+            self.setup += time.perf_counter() - t0
         entry.graph.replay()
         return entry.out
 
@@ -152,3 +167,52 @@ class OwnGraph:
 
 def _alive(kept: list, now: list) -> bool:
     return all(k() is not None and k() is n() for k, n in zip(kept, now))
+
+
+# One wrapper per (owner, name, mode), kept between calls: a captured graph is bound to its buffers' addresses.
+_WRAPPED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class _Timed:
+    """A compiled function (no CUDA graphs) that counts the seconds of its first call (the compile) as setup."""
+
+    def __init__(self, inner):
+        self.inner, self.setup, self._first = inner, 0.0, True
+
+    def __call__(self, *args):
+        if not self._first:
+            return self.inner(*args)
+        t0 = time.perf_counter()
+        out = self.inner(*args)
+        self.setup += time.perf_counter() - t0
+        self._first = False
+        return out
+
+
+def wrapped(owner, name: str, fn, mode: str | None, *, unkeyed: tuple[int, ...] = ()):
+    """``fn`` as the engine runs it, built once per (owner, name, mode).
+
+    mode None: ``fn`` itself. "graphs": ``OwnGraph(fn)``, eager kernels captured in a CUDA graph (no compiler; on a
+    CPU it just runs ``fn``). A ``torch.compile`` mode: ``torch.compile(fn, dynamic=False)`` without inductor's
+    own CUDA graphs, captured by ``OwnGraph`` when the mode asks for graphs ("reduce-overhead", "max-autotune").
+    ``unkeyed``: positional arguments the graph does not depend on (see ``OwnGraph``).
+    """
+    if mode is None:
+        return fn
+    table = _WRAPPED.setdefault(owner, {})
+    key = (name, mode)
+    if key not in table:
+        what = f"{name} of {type(owner).__name__}"
+        if mode == "graphs":
+            table[key] = OwnGraph(fn, what, unkeyed)
+        elif mode in _CUDA_GRAPH_MODES:
+            table[key] = OwnGraph(torch.compile(fn, mode=_NO_GRAPHS[mode], dynamic=False), what, unkeyed)
+        else:
+            table[key] = _Timed(torch.compile(fn, mode=mode, dynamic=False))
+        logger.debug("%s runs with mode=%s", what, mode)
+    return table[key]
+
+
+def setup_seconds(*fns) -> float:
+    """Seconds the given wrapped functions have spent so far compiling, warming up and capturing."""
+    return sum(getattr(f, "setup", 0.0) for f in fns)

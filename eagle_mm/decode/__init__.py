@@ -1,0 +1,1 @@
+"""The decode cycle: prefill -> draft -> verify -> accept -> update (``loop.py``), its storages and its pieces."""

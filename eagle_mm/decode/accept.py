@@ -1,0 +1,47 @@
+"""Acceptance: which draft nodes the target keeps, and the tokens and positions a cycle commits.
+
+Greedy: the target's argmax at every node, matched against each child; the deepest node whose whole path
+matches wins (``kernels.verify_greedy``: the Triton kernel on CUDA, the torch reference elsewhere). Sampling:
+recursive rejection sampling from the target's processed distribution (``sampling.tree_rejection_sample_scores``).
+Both return the same three things, and ``committed`` turns them into what both storages write.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels import verify_greedy
+from .processors import process_tree_logits
+from .sampling import tree_rejection_sample_scores
+from .tree import Tree, path_indices
+
+__all__ = ["accept", "committed"]
+
+
+def accept(tree: Tree, logits: torch.Tensor, q_nodes: torch.Tensor | None, processors, rows: list, depth: int,
+           generator: torch.Generator | None):
+    """(accept_len (B,), path (B, D+1), bonus (B, 1)) for the target's logits (B, N+1, V) at the tree's nodes.
+
+    ``q_nodes`` (B, N+1, V): the draft distribution each node's children were drawn from (sampling), or None
+    (greedy). ``rows``: each row's sequence so far, for processors that read it (else empty).
+    """
+    if q_nodes is None:
+        scores = process_tree_logits(processors, rows, tree, logits, depth) if processors else logits
+        accept_len, _, bonus, path = verify_greedy(scores, tree.tokens, tree.parent, tree.depth, depth,
+                                                   with_path=True)
+    else:
+        scores = process_tree_logits(processors, rows, tree, logits, depth)  # (B, N+1, V) fp32
+        accept_len, best, bonus = tree_rejection_sample_scores(tree, scores, q_nodes, generator)
+        path = path_indices(tree, best, depth)  # (B, D+1)
+    return accept_len, path, bonus[:, None]
+
+
+def committed(tokens: torch.Tensor, q_pos: torch.Tensor, accept_len: torch.Tensor, path: torch.Tensor,
+              bonus: torch.Tensor):
+    """The new tokens (B, K) (path nodes 1..a, then the bonus at column a) and the positions (B, K) of the kept
+    path nodes 0..a (-1 past a), for K = D+1 columns; each row's entries past its own path are padding."""
+    K = path.shape[1]
+    j = torch.arange(K, device=path.device)  # (K,)
+    path_next = torch.cat((tokens.gather(1, path[:, 1:]), bonus), 1)  # (B, K)
+    new_tok = torch.where(j == accept_len[:, None], bonus, path_next)
+    new_pos = torch.where(j <= accept_len[:, None], q_pos.gather(1, path), -1)
+    return new_tok, new_pos

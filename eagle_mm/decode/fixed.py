@@ -1,0 +1,349 @@
+"""The engine's storage: fixed-address buffers and fixed shapes, so each step of the cycle can run as a CUDA graph.
+
+Every cycle runs the same shapes: the tree always has ``total_tokens + 1`` nodes (``select_tree`` keeps exactly
+that many), the target's KV cache is an HF ``Cache`` of ``StaticLayer`` of a fixed length L, the verify mask is
+(B, 1, Q, L), the kept path is always written as D+1 slots (those past the accepted length are padding that the
+next cycle overwrites), and the head's cache is a fixed buffer with scratch slots for the draft steps. The
+cycle's steps are then four functions of tensors: ``prefill_step`` (text prompts, bucketed by length),
+``draft_step``, ``verify_step`` and ``update_step``. ``graphs.wrapped`` runs each one eagerly, captured as a CUDA
+graph, or compiled and captured.
+
+Slots: ``pos`` (B, L) holds the token position in each target cache slot, -1 where empty. The write pointer is
+``cur``: a forward writes its Q slots at [cur, cur+Q) (HF's ``StaticLayer`` writes at its ``cumulative_length``,
+which it then advances by Q), the update copies the accepted ones to [cur, cur+D+1) and sets every layer's
+``cumulative_length`` to the new pointer, in place (transformers 5.17's ``StaticLayer`` has no ``crop``).
+Sliding-window and chunked layers are stored in full; the mask applies their rule. The head's slots follow the
+target's one for one.
+
+Everything a step writes in place lives in ``Buffers`` or the target cache, kept between calls per (head, shape)
+and per model and marked as static addresses: a captured graph is bound to them. No output of a graph is read
+after that graph runs again.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, fields
+
+import torch
+
+from ..compat import cache_kwarg
+from .accept import committed
+from .draft import HeadCache, draft_candidates, head_entries, node_q, scratch_slots
+from .graphs import setup_seconds, wrapped
+from .masks import LayerKind, tree_masks
+from .sampling import draft_noise
+from .tree import Tree, ancestors, select_tree
+
+__all__ = ["FixedStorage", "cache_length", "prefill_length", "draft_step", "verify_step", "update_step"]
+
+_SLOT_ROUND = 128  # cache lengths are rounded up so that repeated calls reuse one cache and one graph
+_PREFILL_MIN = 16  # the shortest prefill bucket; buckets double from there
+
+
+def prefill_length(prompt_len: int) -> int:
+    """The bucket a text prompt is prefilled in: the next power of two >= prompt_len (at least 16), so that prompts
+    of nearby lengths replay one prefill graph. The prompt is left-padded into it with empty slots."""
+    n = _PREFILL_MIN
+    while n < prompt_len:
+        n *= 2
+    return n
+
+
+def cache_length(prompt_len: int, max_length: int, batch: int, q_len: int, depth: int) -> int:
+    """Target cache slots: the (bucketed) prompt, every committed token, one tree, rounded up.
+
+    One row commits at least one token per cycle and the pointer advances by the longest accepted path, so with
+    B = 1 the committed slots are exactly the new tokens; with B > 1 rows that accept less leave holes, up to D+1
+    slots per cycle."""
+    new = max_length - prompt_len
+    committed_slots = new if batch == 1 else new * (depth + 1)
+    need = prompt_len + committed_slots + q_len + depth + 1
+    return -(-need // _SLOT_ROUND) * _SLOT_ROUND
+
+
+@dataclass
+class _TargetCache:
+    batch: int
+    cache: object  # the HF Cache of StaticLayers
+    pos: torch.Tensor | None = None  # (B, L) slot positions, allocated at the first prefill
+
+
+# One target cache per model and one set of buffers per head, kept between calls: graphs are bound to them.
+_CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_BUFFERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _target_cache(model, batch: int, length: int, n: int) -> _TargetCache:
+    """An n-layer static cache of at least ``length`` slots: the model's previous one when it is long enough
+    (as ``generate`` reuses its static cache), so that calls with shorter prompts replay the same graphs."""
+    from transformers.cache_utils import Cache, StaticLayer
+
+    entry = _CACHES.get(model)
+    if (entry is None or len(entry.cache.layers) != n or entry.batch != batch
+            or entry.cache.layers[0].max_cache_len < length):
+        entry = _TargetCache(batch, Cache(layers=[StaticLayer(max_cache_len=length) for _ in range(n)]))
+        _CACHES[model] = entry  # one live cache per model: a new shape frees the old one
+    entry.cache.reset()  # zeros the stored slots and every layer's cumulative_length, in place
+    return entry
+
+
+@dataclass
+class Buffers:
+    """The engine's state between cycles, at fixed addresses (all marked static)."""
+
+    head_k: torch.Tensor  # (B, nkv, C + S, hd) the head's cache: C committed slots, then S draft scratch slots
+    head_v: torch.Tensor  # (B, nkv, C + S, hd_v)
+    head_pos: torch.Tensor  # (B, C) position of each committed head slot, -1 empty
+    cur: torch.Tensor  # () committed slots so far, in the target's cache and the head's alike
+    root: torch.Tensor  # (B,) last committed token, not yet in the target cache
+    root_pos: torch.Tensor  # (B,)
+    root_out: torch.Tensor  # (B, H) head output at the entry pairing the previous feature with the root
+    root_logits: torch.Tensor  # (B, V_draft) fp32
+    tokens: torch.Tensor  # (B, Q) the cycle's tree, root first
+    parent: torch.Tensor  # (B, Q)
+    depth: torch.Tensor  # (B, Q)
+    q_pos: torch.Tensor  # (B, Q) positions of the tree nodes
+    q_nodes: torch.Tensor | None  # sampling: (B, Q, V) the draft distribution each node's children came from
+    noise: torch.Tensor | None  # sampling: (B, 1 + S, V) the next draft's Exp(1) draws
+
+    @classmethod
+    def like(cls, hcache: HeadCache, root_out: torch.Tensor, root_logits: torch.Tensor, capacity: int,
+             scratch: int, q_len: int, vocab: int | None) -> "Buffers":
+        B, nkv, _, hd = hcache.k.shape
+        n, idx = capacity + scratch, dict(dtype=torch.long, device=hcache.k.device)
+        fp32 = dict(dtype=torch.float32, device=hcache.k.device)
+        buf = cls(hcache.k.new_zeros(B, nkv, n, hd), hcache.v.new_zeros(B, nkv, n, hcache.v.shape[-1]),
+                  torch.zeros(B, capacity, **idx), torch.zeros((), **idx), torch.zeros(B, **idx),
+                  torch.zeros(B, **idx), root_out.new_zeros(B, root_out.shape[-1]),
+                  root_logits.new_zeros(B, root_logits.shape[-1]), *(torch.zeros(B, q_len, **idx) for _ in range(4)),
+                  torch.zeros(B, q_len, vocab, **fp32) if vocab else None,
+                  torch.ones(B, 1 + scratch, vocab, **fp32) if vocab else None)
+        for f in fields(buf):
+            if getattr(buf, f.name) is not None:
+                torch._dynamo.mark_static_address(getattr(buf, f.name))
+        return buf
+
+
+class FixedStorage:
+    """One call's engine: the target's static cache, the head's buffers, and the cycle's four step functions
+    (run as ``mode`` says: None eager, "graphs", or a ``torch.compile`` mode; see ``graphs.wrapped``).
+
+    The host keeps its own copy of the write pointer (``cur``) for the room checks; ``advance`` moves it on after
+    the cycle's host read, as ``update_step`` moved the device's.
+    """
+
+    def __init__(self, model, head, kinds: list[LayerKind], tree, batch: int, prompt_len: int, max_length: int,
+                 mode: str | None, sampler=None):
+        self.model, self.head, self.kinds, self.tree, self.mode, self.sampler = model, head, kinds, tree, mode, sampler
+        self._cache_kwarg = cache_kwarg(model)
+        length = cache_length(prompt_len, max_length, batch, tree.total_tokens + 1, tree.depth)
+        self._entry = _target_cache(model, batch, length, len(kinds))
+        self.cache = self._entry.cache
+        self.length = self.cache.layers[0].max_cache_len
+        self.cur = 0
+        self.buf: Buffers | None = None
+        self._next = None  # the next cycle's draft, launched ahead of the host read
+        self._host = self._read_done = None  # pinned landing buffer and its event, on CUDA
+        self._prefill = wrapped(model, "prefill", prefill_step, mode, unkeyed=(4,))
+        self._verify = wrapped(model, "verify", verify_step, mode, unkeyed=(4,))
+        self._draft = wrapped(head, "draft", draft_step, mode)
+        self._update = wrapped(head, "update", update_step, mode)
+
+    @property
+    def setup(self) -> float:
+        """Seconds this engine's step functions have spent compiling or capturing, over all calls so far."""
+        return setup_seconds(self._prefill, self._verify, self._draft, self._update)
+
+    def _slot_positions(self, slot_pos: torch.Tensor) -> torch.Tensor:
+        B, T = slot_pos.shape
+        pos = self._entry.pos
+        if pos is None or pos.device != slot_pos.device or pos.shape != (B, self.length):
+            # Kept between calls at one address: the update graph writes it in place.
+            pos = self._entry.pos = slot_pos.new_empty(B, self.length)
+            torch._dynamo.mark_static_address(pos)
+        pos.fill_(-1)
+        self.cur = T
+        return pos
+
+    def prefill(self, cap, input_ids, slot_pos, position_ids, extra: dict | None):
+        """The prompt's forward into slots [0, T'). Returns (logits (B, V) after the last token, features (B, T', F),
+        input ids (B, T'), slot positions (B, T')); T' = ``prefill_length(T)`` for text prompts (left-padded with
+        empty slots), T for a vision-language prompt (``extra``: its image inputs, run by the model's own forward)."""
+        if extra is not None:  # images: the model's own forward (vision tower, merged embeddings, its image masks)
+            mask = (slot_pos >= 0).long()
+            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, **extra,
+                             **{self._cache_kwarg: self.cache}, use_cache=True, logits_to_keep=1)
+            pos = self._slot_positions(slot_pos)
+            pos[:, : slot_pos.shape[1]] = slot_pos
+            return out.logits[:, -1], cap.features(), input_ids, slot_pos
+        B, T = input_ids.shape
+        pad = prefill_length(T) - T
+        if pad:
+            input_ids = torch.cat((input_ids.new_zeros(B, pad), input_ids), 1)
+            slot_pos = torch.cat((slot_pos.new_full((B, pad), -1), slot_pos), 1)
+            position_ids = torch.cat((position_ids.new_zeros(B, pad), position_ids), 1)
+        pos = self._slot_positions(slot_pos)
+        write = torch.arange(T + pad, device=input_ids.device)
+        logits, feats = self._prefill(self.model, self.cache, self.kinds, self._cache_kwarg, cap, input_ids,
+                                      slot_pos, pos, write, position_ids)
+        pos[:, : T + pad] = slot_pos
+        return logits[:, -1], feats, input_ids, slot_pos
+
+    def start(self, hcache: HeadCache, root, root_pos, root_out, root_logits) -> None:
+        """Copy the prefill's head cache (S entries, one per prompt slot) and the root into the buffers."""
+        t, S = self.tree, hcache.k.shape[2]
+        if S != self.cur:
+            raise ValueError(f"head cache of {S} entries does not match the target's {self.cur} prefilled slots")
+        scratch, q_len = scratch_slots(t.top_k, t.depth), t.total_tokens + 1
+        vocab = self.sampler.vocab_size if self.sampler is not None else None
+        key = (tuple(hcache.k.shape[:2]), hcache.k.shape[3], hcache.v.shape[3], self.length, scratch, q_len, vocab,
+               root_out.shape[-1], root_logits.shape[-1], hcache.k.dtype, root_out.dtype, root_logits.dtype,
+               hcache.k.device)
+        old_key, buf = _BUFFERS.get(self.head, (None, None))
+        if old_key != key:
+            buf = Buffers.like(hcache, root_out, root_logits, self.length, scratch, q_len, vocab)
+            _BUFFERS[self.head] = (key, buf)  # one live set per head: a new shape frees the old one
+        buf.head_k.zero_()
+        buf.head_v.zero_()
+        buf.head_k[:, :, :S], buf.head_v[:, :, :S] = hcache.k, hcache.v
+        buf.head_pos.fill_(-1)
+        buf.head_pos[:, :S] = hcache.pos
+        buf.cur.fill_(S)
+        for dst, src in ((buf.root, root), (buf.root_pos, root_pos), (buf.root_out, root_out),
+                         (buf.root_logits, root_logits)):
+            dst.copy_(src)
+        self.buf, self._next = buf, None
+        self._layers = [la for la in self.cache.layers if la.is_initialized]
+
+    def draft(self):
+        """This cycle's tree: the one ``read`` launched ahead, or drafted now. Returns (Tree (B, Q), q_pos (B, Q),
+        q_nodes (B, Q, V) or None), all in the buffers."""
+        ahead, self._next = self._next, None
+        return ahead if ahead is not None else self._launch_draft()
+
+    def _launch_draft(self):
+        b, t, s = self.buf, self.tree, self.sampler
+        if s is not None:
+            draft_noise(b.noise, s.generator)  # drawn outside the graph: a user's torch.Generator cannot be captured
+        self._draft(self.head, b.head_k, b.head_v, b.head_pos, b.root, b.root_pos, b.root_out, b.root_logits,
+                    b.tokens, b.parent, b.depth, b.q_pos, b.q_nodes, b.noise, s, t.top_k, t.depth, t.total_tokens)
+        return Tree(b.tokens, b.parent, b.depth), b.q_pos, b.q_nodes
+
+    def verify(self, cap, tree: Tree, q_pos: torch.Tensor, positions: torch.Tensor):
+        """Target logits (B, Q, V) and features (B, Q, F) at the Q tree nodes, written to slots [cur, cur+Q)."""
+        Q = tree.size
+        if self.cur + Q > self.length:
+            raise RuntimeError(f"static cache of {self.length} slots is full ({self.cur} used, a tree needs {Q})")
+        write = torch.arange(self.cur, self.cur + Q, device=tree.tokens.device)
+        return self._verify(self.model, self.cache, self.kinds, self._cache_kwarg, cap, tree.tokens, q_pos,
+                            tree.parent, self._entry.pos, write, positions, self.tree.depth)
+
+    def update(self, tokens, q_pos, feats, accept_len, path, bonus) -> torch.Tensor:
+        """Keep the accepted paths, extend the head, set the next root (``update_step``); returns the device tensor
+        (B, 1 + D+1) of accept lengths and new tokens for the cycle's host read."""
+        if self.cur + path.shape[1] > self.length:
+            raise RuntimeError(f"static cache of {self.length} slots is full ({self.cur} used, a path needs "
+                               f"{path.shape[1]})")
+        b, layers = self.buf, self._layers
+        return self._update(self.head, [la.keys for la in layers], [la.values for la in layers],
+                            [la.cumulative_length for la in layers], self._entry.pos, b.head_k, b.head_v, b.head_pos,
+                            b.cur, b.root, b.root_pos, b.root_out, b.root_logits, tokens, q_pos, feats, accept_len,
+                            path, bonus)
+
+    def read(self, packed: torch.Tensor) -> torch.Tensor:
+        """The cycle's one host read of ``update``'s output. On CUDA the next cycle's draft is queued behind the
+        copy, so the GPU drafts while the host commits: it reads only what ``update`` just wrote, so it is the next
+        cycle's draft whatever the host decides (unused when decoding stops there)."""
+        if not packed.is_cuda:
+            return packed.cpu()
+        if self._host is None or self._host.shape != packed.shape:
+            self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            self._read_done = torch.cuda.Event()
+        self._host.copy_(packed, non_blocking=True)
+        self._read_done.record()
+        self._next = self._launch_draft()
+        self._read_done.synchronize()  # waits for the copy only, not for the draft queued after it
+        return self._host
+
+    def advance(self, n: int) -> None:
+        self.cur += n
+
+
+def _forward(model, cache, kinds, kwarg: str, cap, tokens, q_pos, q_allowed, slot_pos, write, position_ids, **kw):
+    masks = tree_masks(kinds, slot_pos, q_pos, q_allowed, model.dtype, write=write)
+    logits = model(input_ids=tokens, attention_mask=masks, position_ids=position_ids, **{kwarg: cache},
+                   use_cache=True, **kw).logits
+    return logits, cap.features()  # a replayed graph runs no hooks: the features are outputs
+
+
+def prefill_step(model, cache, kinds, kwarg: str, cap, tokens, q_pos, slot_pos, write, position_ids):
+    """A text prompt (B, T') into slots ``write``: causal over its non-empty slots (q_pos >= 0). Returns the logits
+    after the last token (B, 1, V) and the features (B, T', F)."""
+    q_allowed = (q_pos[:, None, :] >= 0) & (q_pos[:, None, :] <= q_pos[:, :, None])  # (B, T', T')
+    return _forward(model, cache, kinds, kwarg, cap, tokens, q_pos, q_allowed, slot_pos, write, position_ids,
+                    logits_to_keep=1)
+
+
+def verify_step(model, cache, kinds, kwarg: str, cap, tokens, q_pos, parent, slot_pos, write, position_ids,
+                depth: int):
+    """The tree (B, Q) into slots ``write``, each node seeing its ancestors. Returns logits (B, Q, V), features."""
+    return _forward(model, cache, kinds, kwarg, cap, tokens, q_pos, ancestors(parent, depth), slot_pos, write,
+                    position_ids)
+
+
+def draft_step(head, head_k, head_v, head_pos, root, root_pos, root_out, root_logits, tokens, parent, depth_out,
+               q_pos, q_nodes, noise, sampler, top_k: int, depth: int, total: int) -> None:
+    """Grow the EAGLE-2 tree below the root and rerank it; write tokens, parent, depth, q_pos (B, Q) and, sampling,
+    q_nodes (B, Q, V). Reads the head's committed slots and writes its scratch slots; nothing else changes."""
+    cache = HeadCache(head_k, head_v, head_pos, 0, head_k.shape[2] - head_pos.shape[1])
+    c = draft_candidates(head, cache, root_out, root_logits, root_pos, top_k, depth, sampler, noise)
+    tree = select_tree(root, c.tokens, c.parent, c.depth, c.score, total)
+    tokens.copy_(tree.tokens)
+    parent.copy_(tree.parent)
+    depth_out.copy_(tree.depth)
+    q_pos.copy_(root_pos[:, None] + tree.depth)
+    if sampler is not None:
+        q_nodes.copy_(node_q(tree, c.q_rows, c.expanded, c.tokens.shape[1]))
+
+
+def keep_slots(keys: list, values: list, lengths: list, src: torch.Tensor, dst: torch.Tensor,
+               new_len: torch.Tensor) -> None:
+    """In place, per layer: slots dst (K,) <- slots src (B, K) of each row; the write pointer <- new_len."""
+    for t in (*keys, *values):
+        B, h, _, d = t.shape
+        idx = src.to(t.device)[:, None, :, None].expand(B, h, -1, d)
+        t.index_copy_(2, dst.to(t.device), t.gather(2, idx))  # gather first: source and target may overlap
+    for n in lengths:
+        n.copy_(new_len)
+
+
+def update_step(head, keys: list, values: list, lengths: list, target_pos, head_k, head_v, head_pos, cur, root,
+                root_pos, root_out, root_logits, tokens, q_pos, feats, accept_len, path, bonus) -> torch.Tensor:
+    """After the acceptance: keep the accepted path, extend the head, set the next root, all in place.
+
+    tokens, q_pos (B, Q) the verified tree; feats (B, Q, F) the target's features at its nodes; accept_len (B,);
+    path (B, K) node indices from the root (K = D+1, padded past accept_len); bonus (B, 1). Every row writes K
+    slots at [cur, cur+K) of both caches and the pointer moves on by the longest path + 1: a row's slots past its
+    own path get position -1, padding the next cycle overwrites. Returns (B, 1+K): the accept length, then the
+    new tokens for the host.
+    """
+    new_tok, new_pos = committed(tokens, q_pos, accept_len, path, bonus)  # (B, K) each
+    j = torch.arange(path.shape[1], device=path.device)  # (K,)
+    advance = accept_len.max() + 1  # () on the device: a host value here would be a sync (and a recompile)
+    dst = cur + j  # (K,) slots [cur, cur+K)
+    keep_slots(keys, values, lengths, path + cur, dst, cur + advance)  # the verify wrote node i at slot cur+i
+    target_pos.index_copy_(1, dst, new_pos)
+    # The head: entries pairing each kept node's true feature with the next committed token.
+    hidden = feats.gather(1, path[:, :, None].expand(-1, -1, feats.shape[-1]))  # (B, K, F)
+    cache = HeadCache(head_k, head_v, head_pos, 0, head_k.shape[2] - head_pos.shape[1])
+    out, logits, (k, v) = head_entries(head, cache, hidden, new_tok, new_pos)  # (B, K, H), (B, K, V_draft)
+    head_k.index_copy_(2, dst, k)
+    head_v.index_copy_(2, dst, v)
+    head_pos.index_copy_(1, dst, new_pos)
+    last = accept_len[:, None, None]  # column of the bonus entry
+    root_out.copy_(out.gather(1, last.expand(-1, -1, out.shape[-1])).squeeze(1))
+    root_logits.copy_(logits.gather(1, last.expand(-1, -1, logits.shape[-1])).squeeze(1))
+    root.copy_(bonus.squeeze(1))
+    root_pos.add_(accept_len + 1)
+    cur.add_(advance)
+    return torch.cat((accept_len[:, None], new_tok), 1)

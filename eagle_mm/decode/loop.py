@@ -1,0 +1,306 @@
+"""speculative_generate: prefill -> draft -> verify -> accept -> update, as a drop-in for ``generate``.
+
+``speculative_generate`` hands its arguments to the target's own ``generate`` with our loop as the
+``custom_generate`` callable, so HF prepares everything exactly as for ``generate``: the merged
+generation config, special tokens, attention mask, logits processors and stopping criteria
+(max length, eos, stop strings, user criteria), and the streamer's prompt. ``custom_generate`` below
+is the loop, and is also what ``model.generate(..., custom_generate=eagle_mm.custom_generate,
+head=head)`` runs.
+
+The cycle is written once (``_cycle``) over a storage: the engine's fixed buffers (``fixed.FixedStorage``, whose
+steps run as CUDA graphs on CUDA) by default, or HF's ``DynamicCache`` (``dynamic.DynamicStorage``), the fallback
+``options.choose_storage`` picks, with a logged reason, for what the engine cannot take.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+
+import torch
+from transformers import StoppingCriteriaList
+from transformers.generation.stopping_criteria import StopStringCriteria
+
+from ..arch import resolve_target
+from ..config import TreeConfig
+from ..features import FeatureCapture
+from ..multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
+    verify_positions
+from .accept import accept
+from .draft import DraftSampler, extend_head
+from .dynamic import DynamicStorage
+from .fixed import FixedStorage
+from .options import check_attention, check_generation_config, choose_storage, default_tree, pad_id, \
+    resolve_tree, split_model_inputs
+from .processors import reads_input_ids
+from .state import DecodeState, SpeculativeOutput, SpeculativeStats
+from .stopping import first_stop
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["speculative_generate", "custom_generate"]
+
+# The engine keeps one target cache per model and one set of buffers per head: calls on one model take turns.
+_LOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | dict | str | None = None,
+                         generator: torch.Generator | None = None, autotree_inputs=None,
+                         cache_implementation: str | None = None, compile: bool | str | None = None, **kwargs):
+    """Drop-in for ``model.generate(inputs, **kwargs)`` with EAGLE tree speculation.
+
+    Greedy output is token-identical to ``generate``; sampling keeps the target's distribution exactly.
+    Returns the sequences tensor, or a ``SpeculativeOutput`` (``.sequences``, ``.stats``) when
+    ``return_dict_in_generate=True``. ``generator`` seeds sampling (else torch's global RNG).
+    ``tree``: a TreeConfig (or a dict of its fields); None for the default of this device and batch size
+    (``options.default_tree``); or "auto": ``eagle_mm.decode.autotree.choose_tree`` calibrates on
+    ``autotree_inputs`` (text prompts) or the first prompt row, on every call; run it once and pass its
+    ``.tree`` to decode many prompts.
+    The default call runs the engine: fixed-address buffers and fixed shapes, its steps captured as CUDA graphs on
+    CUDA (no compiler; the first call of a shape captures them, later calls replay them) and eager elsewhere.
+    ``compile``: True compiles the steps with inductor first (mode "reduce-overhead" on CUDA, "default"
+    elsewhere), or a ``torch.compile`` mode name: slower to start, faster per cycle. ``cache_implementation``:
+    "dynamic" (or ``compile=False`` alone) runs the fallback loop over HF's ``DynamicCache``; "static" asks for
+    the engine. What the engine cannot take falls back with one logged line naming the reason.
+    ``stats.time_compile`` holds what the call spent compiling or capturing.
+    """
+    if "custom_generate" in kwargs:
+        raise ValueError("speculative_generate sets custom_generate itself; do not pass it")
+    ids = inputs if inputs is not None else kwargs.get("input_ids")
+    _check_prompt(ids, kwargs.get("attention_mask"))
+    check_attention(model)
+    parts = resolve_target(model)
+    if parts.is_vlm:
+        check_images(parts, model.config, ids, kwargs)
+    # generate() hands a custom_generate callable neither the streamer nor the tokenizer: pass the
+    # streamer under our own name and turn stop strings into a stopping criterion here.
+    streamer = kwargs.pop("streamer", None)
+    _stop_strings_to_criteria(model, kwargs)
+    resolve_tree(tree)  # fail before generate() does any work
+    choose_storage(cache_implementation, compile, None, None, ())
+    return model.generate(inputs, custom_generate=custom_generate, head=head, tree=tree, generator=generator,
+                          eagle_streamer=streamer, autotree_inputs=autotree_inputs,
+                          eagle_cache_implementation=cache_implementation, eagle_compile=compile, **kwargs)
+
+
+def _stop_strings_to_criteria(model, kwargs: dict) -> None:
+    tokenizer = kwargs.pop("tokenizer", None)
+    config = kwargs.get("generation_config") or model.generation_config
+    stop = kwargs.get("stop_strings", getattr(config, "stop_strings", None))
+    if not stop:
+        return
+    if tokenizer is None:
+        raise ValueError(f"stop_strings={stop!r} needs the tokenizer: pass tokenizer=... as to generate()")
+    criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
+    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop))
+    kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
+
+
+def _check_prompt(ids, mask) -> None:
+    """Fail early with the shapes, before generate() fails deep inside with an index error."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or 0 in ids.shape:
+        got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"input_ids must be a non-empty (batch, length) tensor, got {got}")
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
+    if mask is not None and tuple(mask.shape) != tuple(ids.shape):
+        raise ValueError(f"attention_mask shape {tuple(mask.shape)} != input_ids shape {tuple(ids.shape)}")
+
+
+def custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
+                    streamer=None, head=None, tree=None, generator=None, eagle_streamer=None, autotree_inputs=None,
+                    eagle_cache_implementation=None, eagle_compile=None, **model_kwargs):
+    """The speculative loop in the signature of transformers' ``custom_generate`` callables.
+
+    ``model.generate(..., custom_generate=eagle_mm.custom_generate, head=head)`` runs it. transformers
+    does not pass ``streamer`` to such callables: stream with ``eagle_streamer=`` on that route, and choose the
+    storage with ``eagle_cache_implementation=`` / ``eagle_compile=`` (see ``speculative_generate``).
+    """
+    if eagle_streamer is not None:
+        streamer = eagle_streamer
+        streamer.put(input_ids.cpu())
+    if head is None:
+        raise ValueError("custom_generate needs a draft head: model.generate(..., custom_generate=..., head=head)")
+    if synced_gpus:
+        raise ValueError("synced_gpus=True is not supported by speculative decoding")
+    gen = generation_config
+    check_generation_config(gen)
+    check_attention(model)
+    parts = resolve_target(model)
+    mask, position_ids, extra = split_model_inputs(input_ids, model_kwargs, PREFILL_INPUTS if parts.is_vlm else ())
+    images = image_prompt(parts, model.config, input_ids, extra) if parts.is_vlm else None
+    tree, autotree = resolve_tree(tree), None
+    if tree == "auto":
+        tree, autotree = _auto_tree(model, head, input_ids, mask, images, autotree_inputs)
+    elif tree is None:
+        tree = default_tree(input_ids.device, input_ids.shape[0])
+    _check_cache_room(parts, gen.max_length - 1, tree)  # the last verify is over at most max_length - 2 slots
+    head.attach(model)
+    vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size
+    if tree.top_k > vd:
+        raise ValueError(f"tree top_k={tree.top_k} exceeds the head's draft vocabulary of {vd} tokens")
+    kind, mode, kinds = choose_storage(eagle_cache_implementation, eagle_compile, model, parts, logits_processor,
+                                       device=input_ids.device)
+    sampler = DraftSampler.from_processors(logits_processor, head, generator) if gen.do_sample else None
+    stats = SpeculativeStats(accept_counts=[0] * tree.depth, tree=tree, autotree=autotree, engine=kind, mode=mode)
+    lock = _model_lock(model) if kind == "fixed" else None
+    with (lock or _NoLock()), FeatureCapture(parts, head.feature_layers(parts.num_layers),
+                                            input_embeds=head.reads_images(parts)) as cap:
+        if kind == "fixed":
+            store = FixedStorage(model, head, kinds, tree, input_ids.shape[0], input_ids.shape[1],
+                                 gen.max_length, mode, sampler)
+        else:
+            store = DynamicStorage(model, head, parts, tree, sampler)
+        setup0 = store.setup
+        t0 = time.perf_counter()
+        state = _prefill(model, head, cap, store, input_ids, mask, position_ids, images, logits_processor, gen,
+                         generator)
+        _commit(state, state.first[:, None].tolist(), stopping_criteria, streamer)
+        stats.time_prefill += time.perf_counter() - t0
+        while not all(state.finished):
+            _check_cache_room(parts, store.cur, tree)
+            _cycle(model, head, cap, store, state, tree, gen, logits_processor, stopping_criteria, streamer, sampler,
+                   generator, stats)
+        stats.time_compile = store.setup - setup0
+    if streamer is not None:
+        streamer.end()
+    sequences = _assemble(input_ids, state.generated, pad_id(gen))
+    return SpeculativeOutput(sequences, stats) if gen.return_dict_in_generate else sequences
+
+
+class _NoLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _model_lock(model) -> threading.RLock:
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(model)
+        if lock is None:
+            lock = _LOCKS[model] = threading.RLock()
+        return lock
+
+
+def _auto_tree(model, head, input_ids, attention_mask, images, calib_inputs):
+    """tree="auto": the TreeConfig ``choose_tree`` predicts fastest here, and its report."""
+    from .autotree import choose_tree
+
+    if calib_inputs is None:
+        if images is not None and images.num_images:
+            raise ValueError("tree='auto' calibrates on text prompts; with images in the prompt pass text-only "
+                             "calibration prompts as autotree_inputs=...")
+        calib_inputs = [input_ids[0][attention_mask[0].bool()]]  # the first row, without its padding
+    result = choose_tree(model, head, calib_inputs, batch_size=input_ids.shape[0], decode=speculative_generate)
+    logger.debug("tree='auto' candidates:\n%s", result.table())
+    return result.tree, result
+
+
+def _check_cache_room(parts, length: int, tree: TreeConfig) -> None:
+    """A verify forward over ``length`` cached slots must stay below the target's position limit, if it has one
+    (Llama 4, see ``TargetParts.position_limit``). Checked on max_length up front, then per cycle on the cache,
+    which batches lengthen past their positions with holes."""
+    limit = parts.position_limit
+    if limit is not None and length + tree.total_tokens + 1 > limit:
+        raise ValueError(f"{parts.model_type}: a tree of {tree.total_tokens} tokens over a cache of {length} "
+                         f"reaches past {limit} cache entries, where the target's attention temperature tuning "
+                         f"(floor_scale {parts.text_config.floor_scale}) reads positions from the cache length, "
+                         f"which a verified tree does not follow; lower max_length, the tree or the batch")
+
+
+def _choose(scores: torch.Tensor, do_sample: bool, generator) -> torch.Tensor:
+    """Next token from processed scores (B, V), as generate() picks it."""
+    if not do_sample:
+        return scores.argmax(-1)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def _prefill(model, head, cap, store, input_ids, mask, position_ids, images, processors, gen,
+             generator) -> DecodeState:
+    """The prompt's forward, the first token, and the head's entries for the prompt."""
+    slot_pos = position_ids.masked_fill(mask == 0, -1)  # (B, T)
+    extra, model_pos = None, position_ids
+    if images is not None:  # a VLM: images (encoded once, here), token types, M-RoPE positions
+        extra = images.inputs
+        model_pos = images.positions if images.positions is not None else position_ids
+    last_logits, feats, ids, slot_pos = store.prefill(cap, input_ids, slot_pos, model_pos, extra)  # T' >= T slots
+    if head.hides_image_features(cap.parts):  # the stricter image ablation: zeros at the image positions
+        feats = hide_image_features(feats, ids, cap.parts.image_token_id)
+    scores = last_logits.float()
+    if processors:
+        scores = processors(input_ids, scores)
+    root = _choose(scores, gen.do_sample, generator)  # (B,)
+    head_tokens = torch.cat((ids[:, 1:], root[:, None]), 1)  # entry t pairs feature t with token t+1
+    embeds = None
+    if cap.keeps_input_embeds:
+        # The target's merged embeddings (image features at image positions), shifted like head_tokens.
+        embeds = torch.cat((cap.input_embeds()[:, 1:], head.embed(root[:, None]).to(feats.device)), 1)
+    hcache, h_out, h_logits = extend_head(head, None, feats, head_tokens, slot_pos, embeds=embeds)
+    store.start(hcache, root, position_ids[:, -1] + 1, h_out[:, -1], h_logits[:, -1])
+    B = input_ids.shape[0]
+    return DecodeState(prompt=input_ids.tolist(), generated=[[] for _ in range(B)], finished=[False] * B,
+                       first=root.cpu(), rope_offsets=rope_offsets(images, position_ids) if images is not None
+                       else None)
+
+
+def _commit(state: DecodeState, new_tokens: list[list[int]], criteria, streamer) -> None:
+    """Append each row's new tokens, up to where generate()'s criteria, asked after every token, stop it."""
+    for b, toks in enumerate(new_tokens):
+        if state.finished[b]:
+            continue
+        # One host tensor per row and cycle; the criteria see its prefixes, as generate() would.
+        seq = torch.tensor(state.prompt[b] + state.generated[b] + toks, dtype=torch.long)[None]
+        stop = first_stop(criteria, seq, seq.shape[1] - len(toks))
+        taken = toks if stop is None else toks[: stop + 1]
+        state.generated[b].extend(taken)
+        state.finished[b] = stop is not None
+        if streamer is not None and b == 0 and taken:
+            streamer.put(torch.tensor(taken))
+
+
+def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, gen, processors, criteria, streamer,
+           sampler, generator, stats: SpeculativeStats) -> None:
+    D = tree_cfg.depth
+    t0 = time.perf_counter()
+    tree, q_pos, q_nodes = store.draft()  # (B, N+1) each; q_nodes (B, N+1, V) when sampling
+    t1 = time.perf_counter()
+    # Verify: root + N nodes in one target forward with the tree mask, then the acceptance.
+    logits, feats = store.verify(cap, tree, q_pos, verify_positions(q_pos, state.rope_offsets))  # (B, N+1, V|F)
+    rows = [state.row(b) for b in range(len(state.prompt))] if reads_input_ids(processors) else []
+    accept_len, path, bonus = accept(tree, logits, q_nodes, processors, rows, D, generator)
+    # Keep the path, extend the head and set the next root on the device, then the cycle's one host read of the
+    # accept lengths and new tokens (the engine queues the next draft behind it on CUDA).
+    host = store.read(store.update(tree.tokens, q_pos, feats, accept_len, path, bonus))  # (B, 1 + D+1)
+    t2 = time.perf_counter()
+    acc = host[:, 0].tolist()
+    _count(stats, acc, state.finished, tree.size - 1)
+    _commit(state, [host[b, 1: acc[b] + 2].tolist() for b in range(len(acc))], criteria, streamer)
+    store.advance(max(acc) + 1)
+    t3 = time.perf_counter()
+    stats.time_draft += t1 - t0
+    stats.time_verify += t2 - t1
+    stats.time_other += t3 - t2
+
+
+def _count(stats: SpeculativeStats, acc: list[int], finished: list[bool], n_draft: int) -> None:
+    active = [b for b, f in enumerate(finished) if not f]
+    stats.num_target_forwards += 1
+    stats.num_drafts += len(active)
+    stats.num_draft_tokens += len(active) * n_draft
+    for b in active:
+        stats.accepted_tokens += acc[b] + 1
+        for i in range(acc[b]):
+            stats.accept_counts[i] += 1
+
+
+def _assemble(input_ids: torch.Tensor, generated: list[list[int]], pad: int) -> torch.Tensor:
+    width = max(len(g) for g in generated)
+    out = torch.full((input_ids.shape[0], width), pad, dtype=input_ids.dtype)
+    for b, g in enumerate(generated):
+        out[b, : len(g)] = torch.tensor(g, dtype=input_ids.dtype)
+    return torch.cat((input_ids, out.to(input_ids.device)), 1)
