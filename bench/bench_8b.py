@@ -41,7 +41,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from forced import ForcedHead, min_depth  # noqa: E402
 
-MODES = ("ceiling", "generate_eager", "ours_compiled", "generate_compiled", "verify_forward", "ours_eager")
+MODES = ("ceiling", "generate_eager", "ours_default", "ours_compiled", "generate_compiled", "ours_eager")
 _T0 = time.perf_counter()
 
 
@@ -195,8 +195,11 @@ def profile_decode(decode, device, path: str) -> None:
 def run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results):
     import eagle_mm
 
-    static = mode == "ours_compiled"
-    options = dict(cache_implementation="static", compile=compile_mode(args, device)) if static else {}
+    # ours_default: the default call (the engine; CUDA graphs of its eager steps on CUDA); ours_compiled: the engine
+    # compiled by inductor first; ours_eager: the dynamic-cache fallback.
+    static = mode != "ours_eager"
+    options = {"ours_default": {}, "ours_compiled": dict(compile=compile_mode(args, device)),
+               "ours_eager": dict(cache_implementation="dynamic")}[mode]
 
     def decode():
         return eagle_mm.speculative_generate(target, forced, ids, max_new_tokens=args.new_tokens, do_sample=False,
@@ -235,54 +238,6 @@ def run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results):
         profile_decode(decode, device, f"{os.path.splitext(args.out)[0]}_profile_{mode}.txt")
 
 
-def run_verify_forward(target, head, ids, args, tree, device, results):
-    """Time ``StaticTarget.verify`` alone, compiled as ours_compiled compiles it, at Q = total_tokens + 1 and 1."""
-    from eagle_mm.arch import resolve_target
-    from eagle_mm.compat import cache_kwarg
-    from eagle_mm.features import FeatureCapture
-    import eagle_mm.decode.fixed
-    from eagle_mm.decode.fixed import StaticTarget, cache_length, static_kinds
-
-    parts, mode = resolve_target(target), compile_mode(args, device)
-    B, T = ids.shape
-    length = cache_length(T, T + args.new_tokens, B, tree.total_tokens + 1, tree.depth)
-    static = StaticTarget(target, B, length, static_kinds(parts.text_config, parts.num_layers), mode or None)
-    slot_pos = torch.arange(T, device=device).expand(B, T)
-    cuda = device.type == "cuda"
-    # no_grad and the capture hooks as in a cycle: the verify graph compiled by ours_compiled is the one timed.
-    with torch.no_grad(), FeatureCapture(parts, head.feature_layers(parts.num_layers)) as cap:
-        target(input_ids=ids, position_ids=slot_pos, use_cache=True, **{cache_kwarg(target): static.cache})
-        cap.features()
-        static.prefilled(slot_pos)
-        for q in (tree.total_tokens + 1, 1):
-            tokens = ids[:, -1:].expand(B, q).contiguous()
-            parent = (torch.arange(q, device=device) - 1).clamp(min=0).expand(B, q).contiguous()  # a chain
-            q_pos = (T + torch.arange(q, device=device)).expand(B, q).contiguous()
-            times, host = [], []
-            for i in range(25):  # 5 warm-up calls: compile, CUDA-graph warm-up and recording
-                start = torch.cuda.Event(enable_timing=True) if cuda else None
-                end = torch.cuda.Event(enable_timing=True) if cuda else None
-                t = time.perf_counter()
-                if cuda:
-                    start.record()
-                static.verify(cap, tokens, q_pos, parent, tree.depth, q_pos)
-                submitted = time.perf_counter() - t  # host time to launch it (before any wait)
-                if cuda:
-                    end.record()
-                    end.synchronize()
-                ms = start.elapsed_time(end) if cuda else 1e3 * (time.perf_counter() - t)
-                for layer in static.cache.layers:  # the verify advanced HF's write pointers by q: back to T
-                    layer.cumulative_length.fill_(T)
-                if i >= 5:
-                    times.append(ms)
-                    host.append(1e3 * submitted)
-            times.sort()
-            host.sort()
-            results.add({"mode": "verify_forward", "q": q, "ms": times[len(times) // 2], "ms_min": times[0],
-                         "host_ms": host[len(host) // 2], "own_graphs": eagle_mm.decode.fixed.OWN_GRAPHS,
-                         "compiled": mode, "timer": "cuda_events" if cuda else "perf_counter"})
-
-
 def run_generate(mode, target, ids, args, device, results, gen_ref=None):
     compiled = mode == "generate_compiled"
     options = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
@@ -312,8 +267,6 @@ def main(argv=None) -> dict:
     import eagle_mm
     import transformers
 
-    import eagle_mm.decode.fixed
-    eagle_mm.decode.fixed.OWN_GRAPHS = not args.graph_trees
     device = torch.device("cpu" if args.tiny else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_8b.py needs a CUDA GPU (or --tiny for the CPU smoke run)")
@@ -329,7 +282,7 @@ def main(argv=None) -> dict:
             "draft_vocab": head.config.draft_vocab_size, "tree": dataclasses.asdict(tree),
             "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
-            "eagle_mm": eagle_mm.__version__, "own_graphs": eagle_mm.decode.fixed.OWN_GRAPHS}
+            "eagle_mm": eagle_mm.__version__}
     results = Results(args.out, meta)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, target.config.vocab_size, (1, args.prompt_len), generator=g).to(device)
@@ -350,7 +303,7 @@ def main(argv=None) -> dict:
     forced = ForcedHead(head, reference.to(device), draft_index=fit_draft_vocab(head, gen_ref))
     for mode in args.modes:
         try:  # one failing mode (a compile error, say) must not cost the others their figures
-            if mode in ("ours_compiled", "ours_eager"):
+            if mode in ("ours_default", "ours_compiled", "ours_eager"):
                 if mode == "ours_compiled" and device.type != "cuda":
                     log(f"ours_compiled: on CPU torch.compile mode {compile_mode(args, device)} (no CUDA graphs)")
                 run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results)
@@ -358,8 +311,6 @@ def main(argv=None) -> dict:
                 if device.type != "cuda":
                     log("generate_compiled: on CPU generate() does not compile; timing its static cache only")
                 run_generate(mode, target, ids, args, device, results, gen_ref)
-            elif mode == "verify_forward":
-                run_verify_forward(target, forced, ids, args, tree, device, results)
         except Exception as e:  # noqa: BLE001 - reported in the results, then the next mode runs
             import traceback
 

@@ -136,7 +136,9 @@ class FixedStorage:
                  mode: str | None, sampler=None):
         self.model, self.head, self.kinds, self.tree, self.mode, self.sampler = model, head, kinds, tree, mode, sampler
         self._cache_kwarg = cache_kwarg(model)
-        length = cache_length(prompt_len, max_length, batch, tree.total_tokens + 1, tree.depth)
+        new = max_length - prompt_len  # the prompt takes its bucket's slots (text) or its own (images): the larger
+        length = cache_length(prefill_length(prompt_len), prefill_length(prompt_len) + new, batch,
+                              tree.total_tokens + 1, tree.depth)
         self._entry = _target_cache(model, batch, length, len(kinds))
         self.cache = self._entry.cache
         self.length = self.cache.layers[0].max_cache_len

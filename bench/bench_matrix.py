@@ -1,0 +1,138 @@
+"""The default call against HF generate, path by path, every row in one process.
+
+On the shipped code-tiny (its validation prompts, 128 new tokens): greedy batch 1, sampled (T=0.8, top_p=0.95)
+batch 1, greedy batch 4, greedy batch 16, sampled batch 4. Baselines: ``model.generate`` eager and with
+``cache_implementation="static"`` (which compiles on CUDA). Each method is called once untimed first (its first
+call's cost is reported as its own column), then timed ``--repeats`` times (median). Per row: tokens/s, the ratio
+to both baselines, mean acceptance, and for greedy rows losslessness: identical, or each diverging row classified
+as a near-tie (the reference's top-2 logits at the first difference within the dtype's resolution) or a MISMATCH.
+
+    PYTHONPATH=. python bench/bench_matrix.py --out matrix.json            # GPU: bf16; CPU: fp32
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+ROWS = [("greedy", 1), ("sampled", 1), ("greedy", 4), ("greedy", 16), ("sampled", 4)]
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device):
+    _sync(device)
+    t = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return out, time.perf_counter() - t
+
+
+def classify(model, ours: torch.Tensor, ref: torch.Tensor, prompt_len: int) -> list[str]:
+    """Per row: "identical", "near-tie at i (margin m)" or "MISMATCH at i"."""
+    res = (2.0 ** -7) if model.dtype in (torch.bfloat16,) else (2.0 ** -10 if model.dtype == torch.float16 else 0.0)
+    out = []
+    for b in range(ours.shape[0]):
+        n = min(ours.shape[1], ref.shape[1])
+        diff = (ours[b, :n] != ref[b, :n]).nonzero()
+        if diff.numel() == 0:
+            out.append("identical")
+            continue
+        i = int(diff[0])
+        with torch.no_grad():
+            logits = model(input_ids=ref[b: b + 1, :i]).logits[0, -1].float()
+        top = logits.topk(2).values
+        margin = float(top[0] - top[1])
+        if margin <= res * max(1.0, abs(float(top[0]))):
+            out.append(f"near-tie at {i - prompt_len} (margin {margin:.3g})")
+        else:
+            out.append(f"MISMATCH at {i - prompt_len} (margin {margin:.3g})")
+    return out
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rows", nargs="+", default=[f"{m}{b}" for m, b in ROWS])
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    import transformers
+
+    import eagle_mm
+    from eagle_mm import zoo
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    m = zoo.load("code-tiny", device=device)
+    model, head, tok = m.target, m.eagle3_head, m.tokenizer
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+            "dtype": str(model.dtype), "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "new_tokens": args.new_tokens, "date": time.strftime("%Y-%m-%d")}
+    rows = []
+    for mode, batch in ROWS:
+        if f"{mode}{batch}" not in args.rows:
+            continue
+        prompts = (m.prompts * ((batch // len(m.prompts)) + 1))[:batch]
+        enc = tok(prompts, return_tensors="pt", padding=True).to(device)
+        n = args.new_tokens
+        sample = dict(do_sample=True, temperature=0.8, top_p=0.95) if mode == "sampled" else dict(do_sample=False)
+        common = dict(**enc, max_new_tokens=n, min_new_tokens=n, **sample)
+        seed = [0]
+
+        def gen():
+            seed[0] += 1
+            return torch.Generator(device).manual_seed(seed[0])
+
+        methods = {
+            "hf_eager": lambda: model.generate(**common),
+            "hf_static": lambda: model.generate(**common, cache_implementation="static"),
+            "ours": lambda: eagle_mm.speculative_generate(model, head, **common, generator=gen(),
+                                                          return_dict_in_generate=True),
+        }
+        row = {"mode": mode, "batch": batch}
+        outs = {}
+        for name, fn in methods.items():
+            out, first = timed(fn, device)
+            secs = []
+            for _ in range(args.repeats):
+                out, sec = timed(fn, device)
+                secs.append(sec)
+            seqs = out.sequences if hasattr(out, "sequences") else out
+            outs[name] = seqs
+            tokens = batch * (seqs.shape[1] - enc.input_ids.shape[1])
+            row[name] = {"tokens_per_s": tokens / statistics.median(secs), "first_call_s": first,
+                         "median_s": statistics.median(secs)}
+            if name == "ours":
+                row[name].update(mean_accept_length=out.stats.mean_accept_length, engine=out.stats.engine,
+                                 mode=out.stats.mode, tree=str(out.stats.tree))
+        ours = row["ours"]["tokens_per_s"]
+        row["vs_hf_eager"] = ours / row["hf_eager"]["tokens_per_s"]
+        row["vs_hf_static"] = ours / row["hf_static"]["tokens_per_s"]
+        if mode == "greedy":
+            row["lossless"] = classify(model, outs["ours"], outs["hf_eager"], enc.input_ids.shape[1])
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    print(f"{'row':<10} {'hf eager':>9} {'hf static':>9} {'ours':>9} {'x eager':>8} {'x static':>8} {'accept':>6}")
+    for r in rows:
+        print(f"{r['mode'] + str(r['batch']):<10} {r['hf_eager']['tokens_per_s']:9.1f} "
+              f"{r['hf_static']['tokens_per_s']:9.1f} {r['ours']['tokens_per_s']:9.1f} {r['vs_hf_eager']:8.2f} "
+              f"{r['vs_hf_static']:8.2f} {r['ours']['mean_accept_length']:6.2f}  {r.get('lossless', '')}")
+    return {"meta": meta, "rows": rows}
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
