@@ -165,3 +165,29 @@ def test_sampled_batch_rows_finish_independently():
                                   do_sample=True, top_p=0.9, generator=torch.Generator().manual_seed(0),
                                   tree=em.TreeConfig(depth=3, top_k=3, total_tokens=8), num_return_sequences=2)
     assert out.shape == (6, 16)
+
+
+def test_length_processors_run_batched_as_per_node():
+    """Min-length processors read only each node's sequence length: the batched path gives, node by node, what the
+    processors give on the node's own sequence."""
+    from transformers import LogitsProcessorList, MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, \
+        TemperatureLogitsWarper
+
+    from eagle_mm.decode.processors import node_paths, process_tree_logits
+    from eagle_mm.decode.tree import Tree
+
+    g = torch.Generator().manual_seed(0)
+    parent = torch.tensor([[0, 0, 0, 1, 3], [0, 0, 1, 2, 2]])
+    depth = torch.tensor([[0, 1, 1, 2, 3], [0, 1, 2, 3, 3]])
+    tree = Tree(torch.randint(10, (2, 5), generator=g), parent, depth)
+    rows = [torch.randint(10, (9,), generator=g), torch.randint(10, (11,), generator=g)]
+    procs = LogitsProcessorList([MinNewTokensLengthLogitsProcessor(8, 4, torch.tensor([3])),
+                                 TemperatureLogitsWarper(0.7), MinLengthLogitsProcessor(12, torch.tensor([5]))])
+    logits = torch.randn(2, 5, 10, generator=g)
+    got = process_tree_logits(procs, rows, tree, logits, 3)
+    paths = tree.tokens.gather(1, node_paths(parent, depth, 3).flatten(1)).view(2, 5, -1)
+    for b in range(2):
+        for i in range(5):
+            seq = torch.cat((rows[b], paths[b, i, 1: int(depth[b, i]) + 1]))[None]
+            assert torch.equal(got[b, i], procs(seq, logits[b, i][None].float())[0]), (b, i)
+    assert torch.isinf(got).any() and not torch.isinf(got).all()  # the case exercises both sides of each minimum

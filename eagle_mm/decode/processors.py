@@ -20,6 +20,21 @@ INPUT_FREE = tuple(
 )
 
 
+# Processors that read only the sequence's length: applied to all nodes at once from each node's length.
+LENGTH_ONLY = tuple(getattr(lp, name) for name in ("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor")
+                    if hasattr(lp, name))
+
+
+def _length_only(p, lengths: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """``p(seq, scores)`` for every row at once, given each row's sequence length (M,): eos masked below the
+    minimum, as the processor does for one length."""
+    skip = getattr(p, "prompt_length_to_skip", 0)
+    minimum = p.min_new_tokens if hasattr(p, "min_new_tokens") else p.min_length
+    eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device), p.eos_token_id.to(scores.device))
+    short = (lengths.to(scores.device) - skip) < minimum  # (M,)
+    return scores.masked_fill(short[:, None] & eos[None, :], float("-inf"))
+
+
 def reads_input_ids(processors) -> bool:
     """Whether any processor's output may depend on the sequence so far."""
     return any(not isinstance(p, INPUT_FREE) for p in (processors or []))
@@ -56,6 +71,14 @@ def process_tree_logits(processors, rows: list[torch.Tensor], tree, logits: torc
     if not reads_input_ids(processors):
         dummy = torch.zeros(B * n, 1, dtype=torch.long, device=scores.device)
         return processors(dummy, scores.reshape(B * n, V)).reshape(B, n, V)
+    if all(isinstance(p, INPUT_FREE + LENGTH_ONLY) for p in processors):
+        # Lengths only: each node's sequence is its row's plus its depth; one batched call per processor.
+        lengths = (torch.tensor([r.numel() for r in rows], device=scores.device)[:, None] + tree.depth).flatten()
+        dummy = torch.zeros(B * n, 1, dtype=torch.long, device=scores.device)
+        flat = scores.reshape(B * n, V)
+        for p in processors:
+            flat = _length_only(p, lengths, flat) if isinstance(p, LENGTH_ONLY) else p(dummy, flat)
+        return flat.reshape(B, n, V)
     paths = tree.tokens.gather(1, node_paths(tree.parent, tree.depth, max_depth).flatten(1)).view(B, n, -1)
     depth = tree.depth.cpu()  # the slow path groups nodes by depth on the host
     out = torch.empty_like(scores)
