@@ -48,10 +48,13 @@ def run(method: str) -> dict:
     proc = subprocess.run([sys.executable, "-c", CHILD.replace("{call}", METHODS[method])], capture_output=True,
                           text=True, env=dict(os.environ))
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode or not line:
-        return {"method": method, "error": proc.stderr[-2000:]}
+    if not line:
+        return {"method": method, "error": proc.stderr[:1500] + " ... " + proc.stderr[-1500:]}
     first, second = json.loads(line[0][7:])
-    return {"method": method, "first_s": first, "second_s": second, "process_s": time.perf_counter() - t}
+    row = {"method": method, "first_s": first, "second_s": second, "process_s": time.perf_counter() - t}
+    if proc.returncode:  # the calls finished; the process failed on its way out
+        row["exit_error"] = proc.stderr[:1500]
+    return row
 
 
 def main(argv=None) -> list:

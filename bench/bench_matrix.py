@@ -37,12 +37,13 @@ def timed(fn, device):
     return out, time.perf_counter() - t
 
 
-def classify(model, ref32, ours: torch.Tensor, ref: torch.Tensor, prompt_len: int) -> list[str]:
+def classify(model, ref32, ours: torch.Tensor, ref: torch.Tensor, prompt_len: int, pads: list[int]) -> list[str]:
     """Per row: "identical", "near-tie at i" or "MISMATCH at i", i the first new token that differs.
 
     A near-tie: the two tokens' logits at i are closer in an fp32 copy of the target (``ref32``, None when the
     target is fp32) than twice the error the target's own dtype makes on them there, so rounding can order them
-    either way. In fp32 every divergence is a MISMATCH."""
+    either way; "reference off" when the fp32 copy prefers our token (the reference's batch rounding flipped it).
+    In fp32 every divergence is a MISMATCH. ``pads``: each row's left padding."""
     out = []
     for b in range(ours.shape[0]):
         n = min(ours.shape[1], ref.shape[1])
@@ -55,11 +56,13 @@ def classify(model, ref32, ours: torch.Tensor, ref: torch.Tensor, prompt_len: in
         if ref32 is None:
             out.append(f"MISMATCH at {i - prompt_len}")
             continue
+        prefix = ref[b, pads[b]: i][None]  # the row without its left padding
         with torch.no_grad():
-            low = model(input_ids=ref[b: b + 1, :i]).logits[0, -1].float()[pair]
-            exact = ref32(input_ids=ref[b: b + 1, :i]).logits[0, -1].float()[pair]
-        err, margin = float((low - exact).abs().max()), float((exact[0] - exact[1]).abs())
-        kind = "near-tie" if margin <= 2 * err else "MISMATCH"
+            low = model(input_ids=prefix).logits[0, -1].float()[pair]
+            exact = ref32(input_ids=prefix).logits[0, -1].float()[pair]
+        err, margin = float((low - exact).abs().max()), float(exact[0] - exact[1])  # > 0: fp32 prefers ours
+        kind = ("near-tie" if abs(margin) <= 2 * err else
+                "reference off (fp32 prefers ours)" if margin > 0 else "MISMATCH")
         out.append(f"{kind} at {i - prompt_len} (fp32 margin {margin:.3g}, {model.dtype} error {err:.3g})")
     return out
 
@@ -127,7 +130,8 @@ def main(argv=None) -> dict:
         row["vs_hf_eager"] = ours / row["hf_eager"]["tokens_per_s"]
         row["vs_hf_static"] = ours / row["hf_static"]["tokens_per_s"]
         if mode == "greedy":
-            row["lossless"] = classify(model, ref32, outs["ours"], outs["hf_eager"], enc.input_ids.shape[1])
+            row["lossless"] = classify(model, ref32, outs["ours"], outs["hf_eager"], enc.input_ids.shape[1],
+                                     (enc.attention_mask == 0).sum(1).tolist())
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.out:

@@ -186,10 +186,20 @@ class FixedStorage:
             position_ids = torch.cat((position_ids.new_zeros(B, pad), position_ids), 1)
         pos = self._slot_positions(slot_pos)
         write = torch.arange(T + pad, device=input_ids.device)
-        logits, feats = self._prefill(self.model, self.cache, self.kinds, self._cache_kwarg, cap, input_ids,
-                                      slot_pos, pos, write, position_ids)
+        args = (self.model, self.cache, self.kinds, self._cache_kwarg, cap, input_ids, slot_pos, pos, write,
+                position_ids)
+        logits, feats = self._prefill(*args)
+        if getattr(self._prefill, "warmed_only", lambda *a: False)(*args):
+            # A prefill runs once per call: capture it in this call, so that the next call of this bucket replays
+            # it. The warm-up advanced the write pointers; the capture's replay writes the same slots again.
+            for layer in self._layers_initialized():
+                layer.cumulative_length.zero_()
+            logits, feats = self._prefill(*args)
         pos[:, : T + pad] = slot_pos
         return logits[:, -1], feats, input_ids, slot_pos
+
+    def _layers_initialized(self) -> list:
+        return [la for la in self.cache.layers if la.is_initialized]
 
     def start(self, hcache: HeadCache, root, root_pos, root_out, root_logits) -> None:
         """Copy the prefill's head cache (S entries, one per prompt slot) and the root into the buffers."""
@@ -215,7 +225,7 @@ class FixedStorage:
                          (buf.root_logits, root_logits)):
             dst.copy_(src)
         self.buf, self._next = buf, None
-        self._layers = [la for la in self.cache.layers if la.is_initialized]
+        self._layers = self._layers_initialized()
 
     def draft(self):
         """This cycle's tree: the one ``read`` launched ahead, or drafted now. Returns (Tree (B, Q), q_pos (B, Q),

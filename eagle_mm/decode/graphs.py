@@ -114,6 +114,11 @@ class OwnGraph:
         with torch.cuda.device(sig.device):  # capture and replay on the arguments' GPU, whichever is current
             return self._call(args, sig)
 
+    def warmed_only(self, *args) -> bool:
+        """Whether the last call with these arguments' signature was its warm-up (the next one captures)."""
+        entry = self._graphs.get(_Signature(args, self.unkeyed).key)
+        return entry is not None and not isinstance(entry, _Captured)
+
     def _call(self, args: tuple, sig: _Signature):
         entry = self._graphs.get(sig.key)
         if entry is not None and not _alive(entry.refs if isinstance(entry, _Captured) else entry, sig.refs):
