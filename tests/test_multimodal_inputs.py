@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import eagle_mm as em
-from tests.test_multimodal_tiny import (END, FAMILIES, IMG, START, VISION_HIDDEN, head_for, needs_working_forward,
-                                        picture, tiny_vlm)
+from tests.test_multimodal_tiny import (END, FAMILIES, IMG, START, VISION_HIDDEN, compat_params, head_for,
+                                        needs_working_forward, picture, tiny_vlm)
 from tests.test_multimodal_tiny import one_thread  # noqa: F401  (autouse: one torch thread in this module)
 from tests.tiny import prompt, tiny_model
 
@@ -36,11 +36,7 @@ def _prefill_step(tiny, head, inputs):
     return rec.calls[0]
 
 
-def _params(compat_family):
-    return [pytest.param(f, marks=pytest.mark.compat) if f == compat_family else f for f in FAMILIES]
-
-
-@pytest.mark.parametrize("family", _params("llava"))
+@pytest.mark.parametrize("family", compat_params("llava"))
 def test_draft_sees_the_image_features(family):
     """At image positions the head's token embedding is the target's merged input (the image feature), and what
     it proposes right after the image changes with the image, with the same head and text."""
