@@ -217,7 +217,7 @@ def test_head_from_target_is_sized_for_the_language_model(family, kind):
         assert all(0 <= i <= tc.num_hidden_layers for i in head.feature_layers(tc.num_hidden_layers))
 
 
-def _deepstack_added(tiny, inputs, hidden_states: tuple) -> tuple:
+def deepstack_added(tiny, inputs, hidden_states: tuple) -> tuple:
     """HF's hidden_states with Qwen3-VL's deepstack image features added where the model adds them: to the output
     of text layer i at the image positions, for the first len(deepstack) layers. HF records each layer's output
     before that addition; the next layer reads it after."""
@@ -247,7 +247,7 @@ def test_features_are_what_each_decoder_layer_reads(family):
     with torch.no_grad():
         ref = tiny.model(**inputs, output_hidden_states=True).hidden_states
         if family.startswith("qwen3_vl"):
-            hf, ref = ref, _deepstack_added(tiny, inputs, ref)
+            hf, ref = ref, deepstack_added(tiny, inputs, ref)
             assert [torch.equal(a, b) for a, b in zip(hf, ref)] == [True, False, False] + [True] * (n - 2)
         with FeatureCapture(parts, tuple(range(n + 1)), input_embeds=True) as cap:
             tiny.model(**inputs)
