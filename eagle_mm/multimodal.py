@@ -37,6 +37,14 @@ class ImagePrompt:
     inputs: dict  # images (pixel values or generate()'s pre-encoded ones) and token types
     positions: torch.Tensor | None  # (R, B, T) M-RoPE prompt positions as generate() made them, else None
 
+    @property
+    def num_images(self) -> int:
+        """Images (or image tiles, where the family tiles them) in the prompt: 0 for a text-only prompt."""
+        encoded = (self.inputs.get("mm_encoder_outputs") or {}).get("image")
+        if encoded is not None:
+            return len(_encoded_counts(encoded))
+        return _count_images(self.inputs) if self.inputs.get("pixel_values") is not None else 0
+
 
 def image_prompt(parts: TargetParts, config, input_ids: torch.Tensor, extra: dict) -> ImagePrompt:
     """Collect the prefill-only inputs from what generate() prepared, after checking them against the prompt."""

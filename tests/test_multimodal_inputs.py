@@ -184,6 +184,14 @@ def test_pixels_without_image_tokens_and_image_tokens_without_pixels(family):
     _fails(tiny, rf"input_ids hold 4 image tokens \(id {IMG}\) but no images were given", **tokens)
 
 
+@pytest.mark.parametrize("family", ["llava", "qwen3_vl"])
+def test_auto_tree_with_images_asks_for_text_calibration_prompts(family):
+    tiny = tiny_vlm(family)
+    with pytest.raises(ValueError, match=r"tree='auto' calibrates on text prompts.*autotree_inputs"):
+        em.speculative_generate(tiny.model, head_for("eagle3", tiny.model), **tiny.inputs([[[5], "img", [6]]],
+                                [picture(1)]), max_new_tokens=2, tree="auto")
+
+
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_head_sized_for_the_vision_tower_is_refused(kind):
     model = tiny_vlm("gemma3").model
