@@ -16,7 +16,7 @@ __all__ = ["TargetParts", "resolve_target", "execution_device", "SUPPORTED_VLMS"
 
 @dataclass(frozen=True)
 class _Row:
-    rope: str = "default"  # "default" (1D positions) or "mrope" (3D positions, Qwen2-VL style)
+    rope: str = "default"  # "default" (1D positions) or "mrope" (3D positions from the image grids, Qwen-VL style)
     decoder: str | None = None  # dotted path to the decoder stack where get_decoder() stops short of it
 
 
@@ -24,6 +24,9 @@ class _Row:
 SUPPORTED_VLMS: dict[str, _Row] = {
     "llava": _Row(),
     "qwen2_5_vl": _Row(rope="mrope"),
+    # Interleaved M-RoPE (the same 3D position ids); deepstack image features enter the first layers' outputs.
+    "qwen3_vl": _Row(rope="mrope"),
+    "qwen3_vl_moe": _Row(rope="mrope"),
     # get_decoder() returns the Llama4ForCausalLM wrapper; its decoder stack is one level down.
     "llama4": _Row(decoder="language_model.model"),
     "gemma3": _Row(),

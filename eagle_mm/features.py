@@ -3,6 +3,8 @@
 Index i follows HF ``hidden_states``: 0 is the input of the first decoder layer (the input embeddings;
 in a VLM, the merged text+image embeddings), i < N the input of layer i (= output of layer i-1),
 N the final normed output. Nothing in the model is replaced; hooks exist only inside ``with``.
+Index i is taken as layer i receives it: Qwen3-VL adds its deepstack image features to the output of its
+first layers before the next one reads it, and HF's ``hidden_states`` record that output before the addition.
 
 A target split by a ``device_map`` hands each hook its state on the device of the layer before it; the captured
 states are gathered onto one device: ``device``, by default where the input embeddings compute (where

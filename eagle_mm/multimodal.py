@@ -6,10 +6,12 @@ decoder layer 0 (``FeatureCapture(..., input_embeds=True)``) and feeds them to t
 image position the head sees the image feature, not the embedding of the placeholder token. Every later
 target forward is text only: the images live on in the KV cache.
 
-Qwen2.5-VL positions are 3D (temporal, height, width). generate() prepares the prompt's from the image
-grids; after the prompt all three axes advance with the text position, each from where the prompt left
-it: ``text position + offset``, the offset per row and axis (the model's ``rope_deltas`` whenever the
-prompt ends with text, as chat prompts do). The draft head keeps plain 1D positions (its own RoPE).
+Qwen2.5-VL and Qwen3-VL positions are 3D (temporal, height, width). generate() prepares the prompt's from
+the image grids; after the prompt all three axes advance with the text position, each from where the prompt
+left it: ``text position + offset``, the offset per row and axis (the model's ``rope_deltas`` whenever the
+prompt ends with text, as chat prompts do). Qwen3-VL's interleaved M-RoPE changes which rotary frequencies
+read which axis, not the position ids, so the same rule holds. The draft head keeps plain 1D positions (its
+own RoPE).
 """
 from __future__ import annotations
 
@@ -34,6 +36,14 @@ class ImagePrompt:
 
     inputs: dict  # images (pixel values or generate()'s pre-encoded ones) and token types
     positions: torch.Tensor | None  # (R, B, T) M-RoPE prompt positions as generate() made them, else None
+
+    @property
+    def num_images(self) -> int:
+        """Images (or image tiles, where the family tiles them) in the prompt: 0 for a text-only prompt."""
+        encoded = (self.inputs.get("mm_encoder_outputs") or {}).get("image")
+        if encoded is not None:
+            return len(_encoded_counts(encoded))
+        return _count_images(self.inputs) if self.inputs.get("pixel_values") is not None else 0
 
 
 def image_prompt(parts: TargetParts, config, input_ids: torch.Tensor, extra: dict) -> ImagePrompt:
@@ -143,7 +153,7 @@ def _llava(config, inputs) -> list[int] | None:
     return [_grid_tokens(config, pixels) + (strategy == "full")] * pixels.shape[0]
 
 
-def _qwen2_5_vl(config, inputs) -> list[int] | None:
+def _qwen_vl(config, inputs) -> list[int] | None:
     grid = inputs.get("image_grid_thw")
     if grid is None:
         return None
@@ -160,4 +170,5 @@ def _llama4(config, inputs) -> list[int]:
 
 
 # model_type -> image features per image, from the raw pixel inputs (transformers < 5.24 hands us those).
-_PIXEL_RULES = {"llava": _llava, "qwen2_5_vl": _qwen2_5_vl, "gemma3": _gemma3, "llama4": _llama4}
+_PIXEL_RULES = {"llava": _llava, "qwen2_5_vl": _qwen_vl, "qwen3_vl": _qwen_vl, "qwen3_vl_moe": _qwen_vl,
+                "gemma3": _gemma3, "llama4": _llama4}

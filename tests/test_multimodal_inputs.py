@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import eagle_mm as em
-from tests.test_multimodal_tiny import (END, FAMILIES, IMG, START, VISION_HIDDEN, head_for, needs_working_forward,
-                                        picture, tiny_vlm)
+from tests.test_multimodal_tiny import (END, FAMILIES, IMG, START, VISION_HIDDEN, compat_params, deepstack_added,
+                                        head_for, needs_working_forward, picture, tiny_vlm)
 from tests.test_multimodal_tiny import one_thread  # noqa: F401  (autouse: one torch thread in this module)
 from tests.tiny import prompt, tiny_model
 
@@ -15,13 +15,17 @@ class _Recording:
     """A real head that records the inputs and outputs of each step."""
 
     def __init__(self, head):
-        self._head, self.calls = head, []
+        self._head, self.calls, self.features = head, [], []
 
     def __getattr__(self, name):
         return getattr(self._head, name)
 
     def parameters(self):
         return self._head.parameters()
+
+    def fuse(self, features):
+        self.features.append(features)
+        return self._head.fuse(features)
 
     def step(self, embeds, hidden, position_ids, mask, past):
         out = self._head.step(embeds, hidden, position_ids, mask, past)
@@ -36,11 +40,7 @@ def _prefill_step(tiny, head, inputs):
     return rec.calls[0]
 
 
-def _params(compat_family):
-    return [pytest.param(f, marks=pytest.mark.compat) if f == compat_family else f for f in FAMILIES]
-
-
-@pytest.mark.parametrize("family", _params("llava"))
+@pytest.mark.parametrize("family", compat_params("llava"))
 def test_draft_sees_the_image_features(family):
     """At image positions the head's token embedding is the target's merged input (the image feature), and what
     it proposes right after the image changes with the image, with the same head and text."""
@@ -69,6 +69,27 @@ def test_draft_sees_the_image_features(family):
     assert not torch.allclose(logits_a[0, -1], logits_b[0, -1])  # the root's proposals
     same = _prefill_step(tiny, head, tiny.inputs(rows, [picture(10)]))
     assert torch.equal(same[2], logits_a)
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_vl_moe"])
+def test_head_reads_features_after_the_deepstack_addition(family):
+    """The EAGLE-3 features the head gets at the prefill are the inputs of the aux layers: HF's hidden_states plus
+    Qwen3-VL's deepstack image features at the image positions (the default aux layers 2, 2, 1 of the tiny
+    target all follow a deepstack layer)."""
+    tiny = tiny_vlm(family)
+    inputs = tiny.inputs([[[5, 6, 7], "img", [8, 9]]], [picture(10)])
+    rec = _Recording(head_for("eagle3", tiny.model))
+    em.speculative_generate(tiny.model, rec, **inputs, max_new_tokens=1)
+    with torch.no_grad():
+        hf = tiny.model(**inputs, output_hidden_states=True).hidden_states
+    layers = rec.feature_layers(len(hf) - 1)
+    assert layers == (2, 2, 1)
+    expected = deepstack_added(tiny, inputs, hf)
+    torch.testing.assert_close(rec.features[0], torch.cat([expected[i] for i in layers], -1), rtol=0, atol=0)
+    image = inputs["input_ids"] == IMG
+    before = torch.cat([hf[i] for i in layers], -1)
+    assert torch.equal(rec.features[0][~image], before[~image]) and not torch.allclose(rec.features[0][image],
+                                                                                         before[image])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -161,6 +182,14 @@ def test_pixels_without_image_tokens_and_image_tokens_without_pixels(family):
     tokens = {k: v for k, v in with_image.items() if k in ("input_ids", "attention_mask", "mm_token_type_ids",
                                                            "token_type_ids")}
     _fails(tiny, rf"input_ids hold 4 image tokens \(id {IMG}\) but no images were given", **tokens)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen3_vl"])
+def test_auto_tree_with_images_asks_for_text_calibration_prompts(family):
+    tiny = tiny_vlm(family)
+    with pytest.raises(ValueError, match=r"tree='auto' calibrates on text prompts.*autotree_inputs"):
+        em.speculative_generate(tiny.model, head_for("eagle3", tiny.model), **tiny.inputs([[[5], "img", [6]]],
+                                [picture(1)]), max_new_tokens=2, tree="auto")
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])

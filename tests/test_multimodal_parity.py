@@ -3,7 +3,8 @@
 Each family runs one image first, an image in the middle of the text, two images (of different sizes where
 the family allows), and a text-only prompt; a tree and a chain; a random head and a ForcedHead that mostly
 proposes the target's own continuation (long accepted paths through every cache kind).
-Llama 4's cases are marked compat: transformers 5.24 cannot run its VLM forward, so the 5.17 job runs them.
+Llama 4's cases are marked compat: transformers 5.24 cannot run its VLM forward, so the 5.17 job runs them;
+Qwen3-VL's batch case is too, a fast check of its positions and deepstack inputs on 5.17.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 import eagle_mm as em
 from tests.doubles import ForcedHead
-from tests.test_multimodal_tiny import FAMILIES, head_for, needs_working_forward, picture, tiny_vlm
+from tests.test_multimodal_tiny import QWEN, compat_params, head_for, needs_working_forward, picture, tiny_vlm
 from tests.test_multimodal_tiny import one_thread  # noqa: F401  (autouse: one torch thread in this module)
 
 TREES = (em.TreeConfig(depth=4, top_k=3, total_tokens=8), em.TreeConfig.chain(4))
@@ -25,9 +26,6 @@ PROMPTS = {
 N_NEW, N_RANDOM = 14, 8
 
 
-def _family_params():
-    # transformers 5.24 cannot run Llama 4's VLM forward at all; CI's 5.17 job (compat) covers it.
-    return [pytest.param(f, marks=pytest.mark.compat) if f == "llama4" else f for f in FAMILIES]
 
 
 def _forced(head, ref: torch.Tensor, seed: int) -> ForcedHead:
@@ -36,7 +34,8 @@ def _forced(head, ref: torch.Tensor, seed: int) -> ForcedHead:
     return ForcedHead(head, ref[0], wrong)
 
 
-@pytest.mark.parametrize("family", _family_params())
+# transformers 5.24 cannot run Llama 4's VLM forward at all; CI's 5.17 job (compat) covers it.
+@pytest.mark.parametrize("family", compat_params("llama4"))
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_greedy_equals_generate(family, kind):
     needs_working_forward(family)
@@ -57,7 +56,7 @@ def test_greedy_equals_generate(family, kind):
             assert out.stats.mean_accept_length > 2.0, (family, name, out.stats)
 
 
-@pytest.mark.parametrize("family", _family_params())
+@pytest.mark.parametrize("family", compat_params("llama4", "qwen3_vl"))
 def test_left_padded_batch_with_different_images_per_row(family):
     """Rows with two images, one image and none: per-row M-RoPE offsets, padding holes, cache compaction."""
     needs_working_forward(family)
@@ -81,11 +80,12 @@ def test_left_padded_batch_with_different_images_per_row(family):
     assert out.stats.mean_accept_length > 2.0
 
 
-def test_qwen_rope_offsets_are_the_models_rope_deltas():
+@pytest.mark.parametrize("family", QWEN)
+def test_qwen_rope_offsets_are_the_models_rope_deltas(family):
     """For prompts ending in text, text position + offset is the model's own rope_deltas rule, on every axis."""
     from eagle_mm.multimodal import ImagePrompt, rope_offsets
 
-    tiny = tiny_vlm("qwen2_5_vl")
+    tiny = tiny_vlm(family)
     inputs = tiny.inputs([[[5], "img", [6, 7], "img", [8]], [[9, 10], "img", [11]]],
                          [picture(1), picture(2, size=(112, 56)), picture(3)])
     assert inputs["image_grid_thw"].tolist() == [[1, 4, 4], [1, 4, 8], [1, 4, 4]]  # 4, 8 and 4 image tokens

@@ -1,4 +1,4 @@
-"""Tiny random vision-language targets of the four supported families, and what eagle_mm finds in them.
+"""Tiny random vision-language targets of the supported families, and what eagle_mm finds in them.
 
 Images go through the family's PIL image processor built from its defaults (Llama 4's needs torchvision,
 absent here: its pixels come from Gemma 3's PIL processor, which normalises the same way); input ids are
@@ -23,7 +23,8 @@ IMG, START, END = V - 1, V - 2, V - 3  # image placeholder, begin- and end-of-im
 TEXT = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=V, max_position_embeddings=512, tie_word_embeddings=False)
 VISION_HIDDEN = 32
-FAMILIES = ("llava", "qwen2_5_vl", "gemma3", "llama4")
+FAMILIES = ("llava", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "llama4")
+QWEN = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")  # M-RoPE families: 3D positions, image_grid_thw
 
 
 def _llava():
@@ -49,6 +50,25 @@ def _qwen2_5_vl():
     return cfg, tf.Qwen2_5_VLForConditionalGeneration, proc
 
 
+def _qwen3_vl(moe: bool = False):
+    # Interleaved M-RoPE; the two vision blocks' deepstack features are added to the outputs of text layers 0 and 1.
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+    vision = dict(depth=2, hidden_size=VISION_HIDDEN, intermediate_size=64, num_heads=2, patch_size=16,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16,
+                  deepstack_visual_indexes=[0, 1])
+    text = dict(TEXT, head_dim=16, rope_parameters=rope)
+    tokens = dict(image_token_id=IMG, video_token_id=V - 4, vision_start_token_id=START, vision_end_token_id=END)
+    # 56x56 images are resized to 64x64: a 4x4 patch grid = 4 tokens after the 2x2 merge; 56x112 ones give 8.
+    proc = tf.Qwen2VLImageProcessorPil(patch_size=16, min_pixels=64 * 64, max_pixels=64 * 128)
+    if moe:  # MoE on layers 1 and 3
+        text.update(model_type="qwen3_vl_moe_text", moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                    decoder_sparse_step=2)
+        cfg = tf.Qwen3VLMoeConfig(text_config=text, vision_config=vision, **tokens)
+        return cfg, tf.Qwen3VLMoeForConditionalGeneration, proc
+    cfg = tf.Qwen3VLConfig(text_config=dict(text, model_type="qwen3_vl_text"), vision_config=vision, **tokens)
+    return cfg, tf.Qwen3VLForConditionalGeneration, proc
+
+
 def _gemma3():
     text = dict(TEXT, model_type="gemma3_text", head_dim=16, query_pre_attn_scalar=16, sliding_window=6,
                 num_hidden_layers=6)
@@ -71,7 +91,8 @@ def _llama4():
     return cfg, tf.Llama4ForConditionalGeneration, tf.Gemma3ImageProcessorPil(size={"height": 56, "width": 56})
 
 
-_BUILDERS = {"llava": _llava, "qwen2_5_vl": _qwen2_5_vl, "gemma3": _gemma3, "llama4": _llama4}
+_BUILDERS = {"llava": _llava, "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3_vl,
+             "qwen3_vl_moe": functools.partial(_qwen3_vl, moe=True), "gemma3": _gemma3, "llama4": _llama4}
 
 
 @dataclass
@@ -101,14 +122,14 @@ class TinyVLM:
         input_ids = torch.tensor([[0] * (width - len(s)) + s for s in seqs])
         mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
         out = dict(input_ids=input_ids, attention_mask=mask, **pix)
-        if self.family == "qwen2_5_vl":
+        if self.family in QWEN:
             out["mm_token_type_ids"] = (input_ids == IMG).int()
         if self.family == "gemma3":
             out["token_type_ids"] = (input_ids == IMG).long()
         return out
 
     def _tokens_per_image(self, pix: dict, n: int) -> list[int]:
-        if self.family == "qwen2_5_vl":
+        if self.family in QWEN:
             return (pix["image_grid_thw"].prod(-1) // 4).tolist() if n else []
         return [4] * n
 
@@ -156,6 +177,11 @@ def needs_working_forward(family: str) -> None:
         pytest.skip(f"{family}: this transformers release ({tf.__version__}) cannot run the target's forward")
 
 
+def compat_params(*compat: str) -> list:
+    """FAMILIES as pytest params, those named in ``compat`` marked for the transformers 5.17 job."""
+    return [pytest.param(f, marks=pytest.mark.compat) if f in compat else f for f in FAMILIES]
+
+
 def head_for(kind: str, model):
     return em.EagleHead.from_target(model) if kind == "eagle" else em.Eagle3Head.from_target(model)
 
@@ -174,7 +200,7 @@ def test_parts_are_the_language_model(family):
     assert parts.text_config is tc and parts.num_layers == tc.num_hidden_layers
     assert type(parts.text_model).__name__.endswith(("TextModel", "LlamaModel"))
     assert parts.embed is model.get_input_embeddings() and parts.lm_head is model.get_output_embeddings()
-    assert parts.rope == ("mrope" if family == "qwen2_5_vl" else "default")
+    assert parts.rope == ("mrope" if family in QWEN else "default")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -191,10 +217,26 @@ def test_head_from_target_is_sized_for_the_language_model(family, kind):
         assert all(0 <= i <= tc.num_hidden_layers for i in head.feature_layers(tc.num_hidden_layers))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_features_are_the_language_models_hidden_states(family):
+def deepstack_added(tiny, inputs, hidden_states: tuple) -> tuple:
+    """HF's hidden_states with Qwen3-VL's deepstack image features added where the model adds them: to the output
+    of text layer i at the image positions, for the first len(deepstack) layers. HF records each layer's output
+    before that addition; the next layer reads it after."""
+    image = inputs["input_ids"] == IMG  # (B, T)
+    with torch.no_grad():
+        deep = tiny.model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"])
+    out = list(hidden_states)
+    for i, feats in enumerate(deep.deepstack_features):  # per layer: (features, H), split per image from 5.24 on
+        feats = torch.cat(feats) if isinstance(feats, (list, tuple)) else feats
+        out[i + 1] = out[i + 1].clone()
+        out[i + 1][image] = out[i + 1][image] + feats
+    return tuple(out)
+
+
+@pytest.mark.parametrize("family", compat_params("qwen3_vl"))
+def test_features_are_what_each_decoder_layer_reads(family):
     """Every index, 0 (the merged text + image embeddings) to N, equals HF's hidden_states of a forward with an
-    image; input_embeds=True keeps index 0 apart."""
+    image, except that Qwen3-VL's features hold its deepstack image features (the input of the next layer, as
+    vLLM captures them); input_embeds=True keeps index 0 apart."""
     from eagle_mm.features import FeatureCapture
 
     needs_working_forward(family)
@@ -204,6 +246,9 @@ def test_features_are_the_language_models_hidden_states(family):
     n, h = parts.num_layers, parts.hidden_size
     with torch.no_grad():
         ref = tiny.model(**inputs, output_hidden_states=True).hidden_states
+        if family.startswith("qwen3_vl"):
+            hf, ref = ref, deepstack_added(tiny, inputs, ref)
+            assert [torch.equal(a, b) for a, b in zip(hf, ref)] == [True, False, False] + [True] * (n - 2)
         with FeatureCapture(parts, tuple(range(n + 1)), input_embeds=True) as cap:
             tiny.model(**inputs)
             embeds, feats = cap.input_embeds(), cap.features()
