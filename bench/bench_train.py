@@ -53,7 +53,8 @@ def main(argv=None) -> int:
         print("bench_train.py needs a CUDA GPU: torch.cuda.is_available() is False", file=sys.stderr)
         return 2
     from eagle_mm.train import TrainConfig
-    from eagle_mm.train.loop import HeadObjective, make_accelerator
+    from eagle_mm.train.accelerator import make_accelerator
+    from eagle_mm.train.loop import HeadObjective
     from eagle_mm.train.target import target_features
 
     acc = make_accelerator("bf16")
