@@ -213,11 +213,11 @@ def _print_table(rows) -> None:
               f"{r['speedup_vs_best_hf']:9.2f}x {accept:>7} {match:>6}")
 
 
-SPEEDUP_TARGET = {"cpu": 2.0, "cuda": 2.5}  # the reference-models issue's speed-up targets, per device type
+SPEEDUP_TARGET = {"cpu": 2.0, "cuda": 2.5}  # the reference models' speed-up targets, per device type
 
 
 def targets(rows, device_type: str) -> list[dict]:
-    """The reference-models issue's targets (greedy, default tree), each met or missed, from this run's rows.
+    """The reference models' targets (greedy, default tree), each met or missed, from this run's rows.
 
     "Ours" is the better of the EAGLE-3 tree eager and compiled (both use the default tree). A target whose
     rows were not run (or failed) is reported with met = None, never as met.

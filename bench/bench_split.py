@@ -1,4 +1,4 @@
-"""Greedy speculative decoding on a target split over two devices by a device_map (issues 9 and 10).
+"""Greedy speculative decoding on a target split over two devices by a device_map.
 
 The target's input embeddings and first layers sit on the first device; the other layers, the final norm and
 the lm_head on the second: two GPUs (``--devices cuda:0 cuda:1``), a GPU and the CPU (``cuda:0 cpu``: those
