@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     cols = [m for m in methods if m != "torch_ref"]
     print("| N | V | floor | " + " | ".join(f"{m} | {m} / floor" for m in cols)
           + " | torch ref | ref / triton | triton eager | triton first call (s) | bit-exact |")
-    print("|---" * (6 + 2 * len(cols)) + "|")
+    print("|---" * (8 + 2 * len(cols)) + "|")
     for r in rows:
         print(f"| {r['N']} | {r['V']} | {r['floor_us']:.2f} | "
               + " | ".join(f"{r[f'{m}_gpu_us']:.2f} | {r[f'{m}_gpu_us'] / r['floor_us']:.2f}x" for m in cols)
