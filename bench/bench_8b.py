@@ -40,6 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from forced import ForcedHead, min_depth  # noqa: E402
+from harness import timed_call  # noqa: E402
 
 MODES = ("ceiling", "generate_eager", "ours_compiled", "generate_compiled", "verify_forward", "ours_eager")
 _T0 = time.perf_counter()
@@ -132,16 +133,6 @@ def fit_draft_vocab(head, reference: torch.Tensor) -> torch.Tensor:
     return index.to(head.d2t.device)
 
 
-def timed(fn, device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return out, time.perf_counter() - t
-
-
 def first_diff(a: torch.Tensor, b: torch.Tensor, start: int):
     """First generated index where a and b differ, None if equal."""
     n = min(a.shape[1], b.shape[1])
@@ -204,7 +195,7 @@ def run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results):
 
     forced.set_accept(1)  # every proposal wrong: plain greedy decoding through our verify; compiles
     log(f"{mode}: reference decode (all proposals wrong){' + torch.compile warm-up' if static else ''}")
-    out, sec = timed(decode, device)
+    out, sec = timed_call(decode, device=device)
     forced.set_reference(out.sequences)
     forced.draft_index.copy_(fit_draft_vocab(forced._head, torch.cat((out.sequences, gen_ref), 1)))
     results.add({"mode": mode, "phase": "reference", "seconds": sec,
@@ -214,7 +205,7 @@ def run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results):
     for tau in args.accept:
         forced.set_accept(tau)
         skips = cudagraph_skips()
-        out, sec = timed(decode, device)
+        out, sec = timed_call(decode, device=device)
         n = out.sequences.shape[1] - ids.shape[1]
         # Decode rate: the tokens after the first over the time after it (the prefill's share apart), the rate
         # the plain-decode ceiling bounds.
@@ -292,10 +283,10 @@ def run_generate(mode, target, ids, args, device, results, gen_ref=None):
     for _ in range(2 if compiled and device.type == "cuda" else 1):
         target.generate(ids, **dict(options, max_new_tokens=args.new_tokens if compiled else 4,
                                     min_new_tokens=args.new_tokens if compiled else 4))
-    out, sec = timed(lambda: target.generate(ids, **options), device)
+    out, sec = timed_call(lambda: target.generate(ids, **options), device=device)
     n = out.shape[1] - ids.shape[1]
     # The prefill's share: the same call for one token (its decode step never runs), best of three.
-    first = min(timed(lambda: target.generate(ids, **dict(options, max_new_tokens=1, min_new_tokens=1)), device)[1]
+    first = min(timed_call(lambda: target.generate(ids, **dict(options, max_new_tokens=1, min_new_tokens=1)), device=device)[1]
                 for _ in range(3))
     row = {"mode": mode, "tokens_per_s": n / sec, "decode_tokens_per_s": (n - 1) / (sec - first) if n > 1 else None,
            "seconds": sec, "prefill_seconds": first, "new_tokens": n,

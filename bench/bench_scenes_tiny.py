@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import add_record_arg, first_call, record  # noqa: E402
+from harness import add_record_arg, record, timed_call  # noqa: E402
 
 METHODS = ("generate", "eagle3_tree", "eagle3_chain", "noimage_tree", "noimage_chain", "blind_tree", "blind_chain")
 
@@ -93,7 +93,7 @@ def run(zm, examples, args) -> dict:
         for m in methods:
             # Each method's first call right before its timing, timed apart: one-time costs (allocator, kernels,
             # compilation) stay out of the timed calls, and each method starts as warm as the others.
-            _, first = first_call(call, m, inputs[0], device=device)
+            _, first = timed_call(call, m, inputs[0], device=device)
             seqs, stats, recs = [], [], []
             _sync(device)
             tick = time.perf_counter()

@@ -23,7 +23,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import add_record_arg, copy_bandwidth, first_call, gpu_us, record, rotating_copies, wall_s  # noqa: E402
+from harness import add_record_arg, copy_bandwidth, gpu_us, record, rotating_copies, timed_call, wall_s  # noqa: E402
 
 
 def add_shape_args(p: argparse.ArgumentParser) -> None:
@@ -79,7 +79,7 @@ def time_shape(args, N: int, V: int, bw: float, gen: torch.Generator, methods: d
     row = {"B": args.batch, "N": N, "V": V, "D": D, "bit_exact": True,
            "floor_us": logits.numel() * logits.element_size() / bw * 1e6}
     for name, fn in methods.items():
-        got, first = first_call(fn, *case, D)
+        got, first = timed_call(fn, *case, D)
         row[f"{name}_first_call_s"] = first
         if name != "torch_ref":
             exact = all(torch.equal(g, w) for g, w in zip(got, want))

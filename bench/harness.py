@@ -1,6 +1,6 @@
 """The one timing harness of the benchmarks: warm-up, the first call apart, device and wall timings, one results file.
 
-Every method is timed the same way: its first call alone (`first_call`: compilation, autotuning, allocator
+Every method is timed the same way: its first call alone (`timed_call`: compilation, autotuning, allocator
 growth; reported as its own row), then untimed warm-up calls, then the timed calls (`wall_s` on the host clock,
 synchronized; `gpu_us` as CUDA-graph replay, the device time without launch overhead). With ``--record``
 (`add_record_arg`), `record` appends one JSON line per result to bench/results.jsonl, with the machine, the
@@ -21,13 +21,16 @@ RESULTS = Path(__file__).resolve().with_name("results.jsonl")
 
 
 def sync(device=None) -> None:
-    """Wait for the device (a no-op on CPU), so that a host clock covers the work it launched."""
+    """Wait for every GPU (a no-op for a CPU ``device``), so that a host clock covers the work launched, also on a
+    model split over several GPUs."""
     if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
-        torch.cuda.synchronize()
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(i)
 
 
-def first_call(fn, *args, device=None):
-    """(result, seconds) of fn's first call alone: what a user pays once (compilation included)."""
+def timed_call(fn, *args, device=None):
+    """(result, seconds) of one call of fn, the device synchronized before and after. A method's first call timed
+    so is its one-time cost (compilation, autotuning, allocator growth), reported apart from its warm calls."""
     sync(device)
     t = time.perf_counter()
     out = fn(*args)
