@@ -7,11 +7,10 @@ official 8B shape (one 4096-wide layer, a 32k draft vocabulary). Random weights 
 continuation, made wrong at positions chosen for a mean of ``--accept`` tokens per cycle. Modes, in run order:
   ceiling            plain decoding's bandwidth bound: measured copy bandwidth / the target's weight bytes
   generate_eager     model.generate(do_sample=False), dynamic cache
-  ours_compiled      speculative_generate(cache_implementation="static", compile=True), per acceptance level
+  ours_default       speculative_generate(...), the default call: the engine, its eager steps as CUDA graphs
+  ours_compiled      speculative_generate(compile=True): the engine's steps compiled by inductor, then captured
   generate_compiled  model.generate(cache_implementation="static"): HF compiles the decode step on CUDA
-  verify_forward     the static path's compiled verify forward alone (``StaticTarget.verify``, inside the feature
-                     capture, as a cycle calls it) at Q = total_tokens + 1 and at Q = 1, timed with CUDA events
-  ours_eager         speculative_generate with the default dynamic cache, per acceptance level (last: the slowest)
+  ours_eager         speculative_generate(cache_implementation="dynamic"), the fallback (last: the slowest)
 Each of our modes first decodes with every proposal wrong (which also compiles, for ours_compiled); that
 output is the forcing reference of the mode, so bf16 near-ties between kernels cannot derail the forcing.
 Greedy rows report whether the tokens equal generate's (and the first differing position), and the loop's host
@@ -40,6 +39,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from forced import ForcedHead, min_depth  # noqa: E402
+from harness import timed_call  # noqa: E402
 
 MODES = ("ceiling", "generate_eager", "ours_default", "ours_compiled", "generate_compiled", "ours_eager")
 _T0 = time.perf_counter()
@@ -65,8 +65,6 @@ def parse_args(argv=None):
     p.add_argument("--compile-mode", default="reduce-overhead", help="torch.compile mode of ours_compiled on CUDA")
     p.add_argument("--cpu-compile-mode", default="default",
                    help="torch.compile mode of ours_compiled on CPU (--tiny); 'none': the static path uncompiled")
-    p.add_argument("--graph-trees", action="store_true",
-                   help="run the compiled cycle in inductor's CUDA graph trees instead of eagle_mm's own graphs")
     p.add_argument("--profile", action="store_true",
                    help="profile one decode per mode of ours at the first --accept level (a text file beside --out)")
     p.add_argument("--out", default=None, help="JSON results, rewritten after every measurement")
@@ -130,16 +128,6 @@ def fit_draft_vocab(head, reference: torch.Tensor) -> torch.Tensor:
     index = torch.full((V,), -1, dtype=torch.long)
     index[ids] = torch.arange(vd)
     return index.to(head.d2t.device)
-
-
-def timed(fn, device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return out, time.perf_counter() - t
 
 
 def first_diff(a: torch.Tensor, b: torch.Tensor, start: int):
@@ -207,7 +195,7 @@ def run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results):
 
     forced.set_accept(1)  # every proposal wrong: plain greedy decoding through our verify; compiles
     log(f"{mode}: reference decode (all proposals wrong){' + torch.compile warm-up' if static else ''}")
-    out, sec = timed(decode, device)
+    out, sec = timed_call(decode, device=device)
     forced.set_reference(out.sequences)
     forced.draft_index.copy_(fit_draft_vocab(forced._head, torch.cat((out.sequences, gen_ref), 1)))
     results.add({"mode": mode, "phase": "reference", "seconds": sec,
@@ -217,7 +205,7 @@ def run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results):
     for tau in args.accept:
         forced.set_accept(tau)
         skips = cudagraph_skips()
-        out, sec = timed(decode, device)
+        out, sec = timed_call(decode, device=device)
         n = out.sequences.shape[1] - ids.shape[1]
         # Decode rate: the tokens after the first over the time after it (the prefill's share apart), the rate
         # the plain-decode ceiling bounds.
@@ -247,10 +235,10 @@ def run_generate(mode, target, ids, args, device, results, gen_ref=None):
     for _ in range(2 if compiled and device.type == "cuda" else 1):
         target.generate(ids, **dict(options, max_new_tokens=args.new_tokens if compiled else 4,
                                     min_new_tokens=args.new_tokens if compiled else 4))
-    out, sec = timed(lambda: target.generate(ids, **options), device)
+    out, sec = timed_call(lambda: target.generate(ids, **options), device=device)
     n = out.shape[1] - ids.shape[1]
     # The prefill's share: the same call for one token (its decode step never runs), best of three.
-    first = min(timed(lambda: target.generate(ids, **dict(options, max_new_tokens=1, min_new_tokens=1)), device)[1]
+    first = min(timed_call(lambda: target.generate(ids, **dict(options, max_new_tokens=1, min_new_tokens=1)), device=device)[1]
                 for _ in range(3))
     row = {"mode": mode, "tokens_per_s": n / sec, "decode_tokens_per_s": (n - 1) / (sec - first) if n > 1 else None,
            "seconds": sec, "prefill_seconds": first, "new_tokens": n,

@@ -21,12 +21,12 @@ import json
 import logging
 import statistics
 import sys
-import time
 
 import torch
 
 import eagle_mm
 
+from bench.harness import timed_call
 from bench.shapes import SHAPE_8B, random_8b_target
 
 
@@ -57,24 +57,18 @@ def build(args):
     return model
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fns: dict, runs: int, device) -> tuple[dict, dict]:
-    """Each fn once untimed, then ``runs`` rounds in which every fn runs once (a slow spell of a shared
-    machine falls on all of them): median seconds and last result per name."""
-    outs = {name: fn() for name, fn in fns.items()}
+def timed(fns: dict, runs: int, device) -> tuple[dict, dict, dict]:
+    """Each fn's first call timed alone, then ``runs`` rounds in which every fn runs once (a slow spell of a
+    shared machine falls on all of them): median seconds, first-call seconds and last result per name."""
+    outs, first = {}, {}
+    for name, fn in fns.items():
+        outs[name], first[name] = timed_call(fn, device=device)
     times = {name: [] for name in fns}
     for _ in range(runs):
         for name, fn in fns.items():
-            _sync(device)
-            t0 = time.perf_counter()
-            outs[name] = fn()
-            _sync(device)
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}, outs
+            outs[name], took = timed_call(fn, device=device)
+            times[name].append(took)
+    return {name: statistics.median(t) for name, t in times.items()}, first, outs
 
 
 def main(argv=None) -> int:
@@ -105,13 +99,14 @@ def main(argv=None) -> int:
     for name, estimate in estimates.items():
         fns[name] = lambda tree=estimate.tree: em.speculative_generate(
             model, head, input_ids=ids, max_new_tokens=args.new_tokens, tree=tree, return_dict_in_generate=True)
-    seconds, outs = timed(fns, args.runs, device)
-    rows = {"model.generate": {"tokens_per_second": args.new_tokens / seconds["model.generate"]}}
+    seconds, first, outs = timed(fns, args.runs, device)
+    rows = {"model.generate": {"tokens_per_second": args.new_tokens / seconds["model.generate"],
+                               "first_call_s": first["model.generate"]}}
     for name, estimate in estimates.items():
         tree, out = estimate.tree, outs[name]
         assert torch.equal(out.sequences, outs["model.generate"]), f"{name} tree {tree}: output differs from generate()"
         rows[name] = {"tree": [tree.depth, tree.top_k, tree.total_tokens],
-                      "tokens_per_second": args.new_tokens / seconds[name],
+                      "tokens_per_second": args.new_tokens / seconds[name], "first_call_s": first[name],
                       "predicted_tokens_per_second": estimate.tokens_per_second,
                       "accept_length": out.stats.mean_accept_length,
                       "predicted_accept_length": estimate.accept_length}

@@ -26,13 +26,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import platform
 import sys
-import time
 
 import torch
 
 import eagle_mm
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import timed_call  # noqa: E402
 
 METHODS = ("generate", "generate_compiled", "prompt_lookup", "assisted", "eagle_chain", "eagle_tree", "eagle3_chain",
            "eagle3_tree", "eagle3_auto", "eagle3_chain_compiled", "eagle3_tree_compiled")
@@ -88,11 +90,6 @@ class ForwardCounter:
         self._handle.remove()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _compiles(method: str, device: torch.device, args) -> bool:
     """Whether this method runs compiled here: on CUDA always; on a CPU only with --compile-cpu (ours only)."""
     if method not in COMPILED:
@@ -145,25 +142,23 @@ def run_method(zoo, method, mode, encs, args, trees, reference=None) -> tuple[di
     compiles = _compiles(method, device, args)
     run = _runner(zoo, method, trees, compile_cpu=compiles and device.type != "cuda")
     warm = dict(options, max_new_tokens=min(8, args.max_new_tokens))
+    seed0 = args.seed if mode == "sampled" else None
     if compiles:
-        # Compile (and record the CUDA graphs) untimed, with the longest prompt and the full length: the static
-        # cache sized by this call serves every later one, so the timed calls replay the same graphs.
+        # Compile (and record the CUDA graphs) outside the timed calls, with the longest prompt and the full length:
+        # the static cache sized by this call serves every later one, so the timed calls replay the same graphs.
         longest = max(encs, key=lambda e: e["input_ids"].shape[1])
-        for _ in range(2):
-            run(longest, options, args.seed if mode == "sampled" else None)
-    else:
-        run(encs[0], warm, args.seed if mode == "sampled" else None)  # untimed: lazy inits, allocator, kernels
+        _, first = timed_call(run, longest, options, seed0, device=device)
+        run(longest, options, seed0)
+    else:  # lazy inits, allocator, kernels
+        _, first = timed_call(run, encs[0], warm, seed0, device=device)
     new_tokens = forwards = 0
     seconds = stats_accepted = stats_drafts = 0.0
     outputs = []
     for i, enc in enumerate(encs):
         seed = args.seed + i if mode == "sampled" else None
         with ForwardCounter(zoo.target) as counter:
-            _sync(device)
-            tick = time.perf_counter()
-            sequences, stats = run(enc, options, seed)
-            _sync(device)
-            seconds += time.perf_counter() - tick
+            (sequences, stats), took = timed_call(run, enc, options, seed, device=device)
+            seconds += took
         n = sequences.shape[1] - enc["input_ids"].shape[1]
         new_tokens += n
         # A compiled verify calls the compiled forward, not the module: the pre-hook misses it, so ours count
@@ -175,6 +170,7 @@ def run_method(zoo, method, mode, encs, args, trees, reference=None) -> tuple[di
             stats_drafts += stats.num_drafts
     row = {
         "mode": mode, "method": method, "prompts": len(encs), "new_tokens": new_tokens, "seconds": seconds,
+        "first_call_s": first,
         "tokens_per_s": new_tokens / seconds if seconds else None, "target_forwards": forwards,
         "mean_accept_length": new_tokens / forwards if forwards else None,  # tokens per target forward
         "eagle_stats_mean_accept_length": stats_accepted / stats_drafts if stats_drafts else None,
@@ -215,11 +211,11 @@ def _print_table(rows) -> None:
               f"{r['speedup_vs_best_hf']:9.2f}x {accept:>7} {match:>6}")
 
 
-SPEEDUP_TARGET = {"cpu": 2.0, "cuda": 2.5}  # the reference-models issue's speed-up targets, per device type
+SPEEDUP_TARGET = {"cpu": 2.0, "cuda": 2.5}  # the reference models' speed-up targets, per device type
 
 
 def targets(rows, device_type: str) -> list[dict]:
-    """The reference-models issue's targets (greedy, default tree), each met or missed, from this run's rows.
+    """The reference models' targets (greedy, default tree), each met or missed, from this run's rows.
 
     "Ours" is the better of the EAGLE-3 tree eager and compiled (both use the default tree). A target whose
     rows were not run (or failed) is reported with met = None, never as met.

@@ -1,4 +1,4 @@
-"""EAGLE-3 drafter training on 1 and 2 GPUs (issue 10): the trainer's throughput, its loss, its saved head.
+"""EAGLE-3 drafter training on 1 and 2 GPUs: the trainer's throughput, its loss, its saved head.
 
 The target is a random-init Llama-3.1-8B-shaped model in bf16, one copy per process, built straight on that
 process's GPU (seeded, so every copy is the same) and handed to ``eagle_mm.train.train(config, target=...)``:
@@ -8,7 +8,7 @@ checkpoint and the exported head. The data are rows of the reference corpus (the
 source) of exactly ``seq_len`` tokens each (code-tiny's tokenizer; its ids fit the 128k vocabulary), so a step
 of P processes trains P * batch_size * seq_len tokens.
 
-Three subcommands (run from the repository root with PYTHONPATH=.; scripts/gpu/multi.sh runs them):
+Three subcommands (run from the repository root with PYTHONPATH=.; dev/gpu/multi.sh runs them):
 
     python bench/bench_multi_gpu.py data PREP [--shape 8b --seq-len 2048 --steps 30 ...]
     python -m accelerate.commands.launch [--multi_gpu] --num_processes N --mixed_precision bf16 \\

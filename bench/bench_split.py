@@ -1,4 +1,4 @@
-"""Greedy speculative decoding on a target split over two devices by a device_map (issues 9 and 10).
+"""Greedy speculative decoding on a target split over two devices by a device_map.
 
 The target's input embeddings and first layers sit on the first device; the other layers, the final norm and
 the lm_head on the second: two GPUs (``--devices cuda:0 cuda:1``), a GPU and the CPU (``cuda:0 cpu``: those
@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from bench.bench_multi_gpu import SHAPES, build_target
+from bench.harness import sync, timed_call
 
 logger = logging.getLogger("bench_split")
 REPO = Path(__file__).resolve().parents[1]
@@ -84,7 +85,7 @@ def place(args, dtype: torch.dtype, work: Path):
         model = AutoModelForCausalLM.from_pretrained(saved, device_map=dm, dtype=dtype, attn_implementation="sdpa",
                                                      offload_folder=str(offload)).eval()
         model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, None
-    _sync()
+    sync()
     return model, time.perf_counter() - t0
 
 
@@ -106,24 +107,10 @@ def placement(model, aux: tuple[int, ...]) -> dict:
             "aux_layers": list(aux), "aux_state_devices": [state_device(i) for i in aux]}
 
 
-def _sync() -> None:
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            torch.cuda.synchronize(i)
-
-
 def _free() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def _timed(fn):
-    _sync()
-    t0 = time.perf_counter()
-    out = fn()
-    _sync()
-    return out, time.perf_counter() - t0
 
 
 def run_dtype(args, dtype: torch.dtype, work: Path) -> dict:
@@ -149,7 +136,7 @@ def run_dtype(args, dtype: torch.dtype, work: Path) -> dict:
     em.speculative_generate(model, base, input_ids=ids, max_new_tokens=4, tree=tree)  # warm-up (Triton compile)
     logger.info("%s: warmed up", dtype)
 
-    ref, gen_s = _timed(lambda: model.generate(ids, max_new_tokens=new, do_sample=False, output_scores=True,
+    ref, gen_s = timed_call(lambda: model.generate(ids, max_new_tokens=new, do_sample=False, output_scores=True,
                                                return_dict_in_generate=True))
     top2 = torch.stack([s[0].float() for s in ref.scores]).topk(2, dim=-1).values  # (new, 2)
     gaps = (top2[:, 0] - top2[:, 1]).cpu()
@@ -163,7 +150,7 @@ def run_dtype(args, dtype: torch.dtype, work: Path) -> dict:
     wrong = torch.rand(ref_ids.shape[1], generator=torch.Generator().manual_seed(0)) < 0.2
     heads = {"forced": ForcedHead(base, ref_ids[0], wrong.to(ref_ids.device)), "untrained": base}
     for name, head in heads.items():
-        out, s = _timed(lambda: em.speculative_generate(model, head, input_ids=ids, max_new_tokens=new, tree=tree,
+        out, s = timed_call(lambda: em.speculative_generate(model, head, input_ids=ids, max_new_tokens=new, tree=tree,
                                                         return_dict_in_generate=True))
         got, want = out.sequences[0, L:].cpu(), ref_ids[0, L:].cpu()
         diff = (got != want).nonzero().flatten() if got.shape == want.shape else torch.tensor([0])

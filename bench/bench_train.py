@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from bench.harness import sync
 from bench.shapes import SHAPE_8B, random_8b_target
 
 
@@ -53,7 +54,8 @@ def main(argv=None) -> int:
         print("bench_train.py needs a CUDA GPU: torch.cuda.is_available() is False", file=sys.stderr)
         return 2
     from eagle_mm.train import TrainConfig
-    from eagle_mm.train.loop import HeadObjective, make_accelerator
+    from eagle_mm.train.accelerator import make_accelerator
+    from eagle_mm.train.loop import HeadObjective
     from eagle_mm.train.target import target_features
 
     acc = make_accelerator("bf16")
@@ -70,10 +72,10 @@ def main(argv=None) -> int:
     for step in range(args.warmup + args.steps):
         ids = torch.randint(0, SHAPE_8B["vocab_size"], (B, T), generator=gen).cuda()
         attn = torch.ones_like(ids)
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         feats, last = target_features(target, layers, ids, attn, with_last=True)
-        torch.cuda.synchronize()
+        sync()
         t1 = time.perf_counter()
         batch = {"input_ids": ids, "attention_mask": attn, "loss_mask": torch.ones_like(ids, dtype=torch.bool),
                  "features": feats, "last_hidden": last}
@@ -82,7 +84,7 @@ def main(argv=None) -> int:
         acc.clip_grad_norm_(objective.parameters(), 0.5)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
+        sync()
         t2 = time.perf_counter()
         if step >= args.warmup:
             t_target += t1 - t0

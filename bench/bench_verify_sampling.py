@@ -7,24 +7,22 @@ peaked draft q = softmax(logits + noise), so that some nodes are accepted and so
   torch:    the reference, softmax over every node + eagle_mm.decode.sampling.rejection_walk, eager;
   compiled: the same reference under torch.compile(fullgraph=True, mode="reduce-overhead"), for the N in
             --compile-nodes only (the walk unrolls over the nodes: compiling N=128 takes minutes).
-Two timings per function, as bench/bench_verify.py:
+Timings from bench/harness.py, after untimed warm-up calls:
   gpu:   CUDA-graph replay of calls over rotating copies of the inputs (up to 8 copies, each with its own
          noise): the device time, no launch overhead (not for "compiled", which replays its own graphs);
-  eager: wall clock per call over back-to-back calls (time-boxed): what an un-graphed decode loop pays.
+  eager: wall clock per call over back-to-back calls: what an un-graphed decode loop pays;
+  compile_s: the compiled reference's first calls (compilation), apart.
 Equality: for --draws noise draws per shape (u, e as eagle_mm.decode.sampling draws them), Triton's
 (accept_len, best, bonus) must equal the reference's; mismatches are counted, and the exit status is 1
-if any (with --tilings, every tiling's mismatches count too). The compiled reference is compared too
-(compiled_exact), for information. Exit status 2 without CUDA. Prints a markdown table; --out writes
-JSON. Run from the repository root with the package importable (pip install -e . or PYTHONPATH=.):
+if any. The compiled reference is compared too (compiled_exact), for information. Exit status 2 without
+CUDA. Prints a markdown table; --record appends the rows to bench/results.jsonl. Run from the repository
+root with the package importable (pip install -e . or PYTHONPATH=.):
 
-    python bench/bench_verify_sampling.py --out verify_sampling.json
+    PYTHONPATH=. python bench/bench_verify_sampling.py --record
 """
 from __future__ import annotations
 
 import argparse
-import functools
-import itertools
-import json
 import os
 import sys
 import time
@@ -32,7 +30,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_verify import add_shape_args, gpu_us, random_tree  # noqa: E402
+from bench_verify import add_shape_args, random_tree  # noqa: E402
+from harness import add_record_arg, gpu_us, record, wall_s  # noqa: E402
 
 DEVICE = "cuda"
 
@@ -43,9 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--draws", type=int, default=16, help="noise draws per shape for the equality check")
     p.add_argument("--compile-nodes", type=int, nargs="*", default=[16],
                    help="the N at which to time the torch.compile'd reference (none: skip it)")
-    p.add_argument("--tilings", action="store_true",
-                   help="also time the kernel at block_v x num_warps in {2048, 4096, 8192} x {8, 16}")
-    p.add_argument("--out", help="write the results as JSON here")
+    add_record_arg(p)
     return p.parse_args(argv)
 
 
@@ -74,18 +71,9 @@ def noise(B: int, n: int, V: int, seed: int):
     return _noise(B, n, V, torch.device(DEVICE), torch.Generator(DEVICE).manual_seed(seed))
 
 
-def eager_us(fn, args, seconds: float = 0.4, max_calls: int = 200) -> float:
-    """Wall clock per call, back to back, one sync at the end: host launch cost included. Time-boxed,
-    since the eager reference takes tens of ms per call at N = 128."""
-    for _ in range(3):
-        fn(*args)
-    torch.cuda.synchronize()
-    calls, t0 = 0, time.perf_counter()
-    while calls < max_calls and (calls < 5 or time.perf_counter() - t0 < seconds):
-        fn(*args)
-        calls += 1
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e6 / calls
+def eager_us(fn, args, calls: int = 20) -> float:
+    """Wall clock per call (us) after 3 untimed calls; few calls, since the eager reference takes tens of ms."""
+    return wall_s(fn, *args, warmup=3, repeats=calls, device=DEVICE) * 1e6
 
 
 def _same(a, b) -> bool:
@@ -123,16 +111,6 @@ def time_shape(args, N: int, V: int, gen: torch.Generator, compiled) -> dict:
     inputs = [(scores.clone(), q.clone(), *draws[i % len(draws)]) for i in range(copies)]
     row["triton_gpu_us"] = gpu_us(triton_fn, inputs, replays=20)
     row["triton_eager_us"] = eager_us(triton_fn, (scores, q, *draws[0]))
-    if args.tilings:
-        from eagle_mm.kernels.triton_sampling import rejection_walk_triton
-
-        row["tilings_gpu_us"], row["tilings_mismatches"] = {}, {}
-        for block_v, num_warps in itertools.product((2048, 4096, 8192), (8, 16)):
-            tiled = functools.partial(rejection_walk_triton, tokens, parent, block_v=block_v, num_warps=num_warps)
-            name = f"block_v={block_v},num_warps={num_warps}"
-            row["tilings_gpu_us"][name] = gpu_us(tiled, inputs, replays=20)
-            row["tilings_mismatches"][name] = sum(not _same(tiled(scores, q, u, e), w)
-                                                  for (u, e), w in zip(draws, want))
     row["torch_gpu_us"] = gpu_us(torch_fn, inputs, replays=3)
     row["torch_eager_us"] = eager_us(torch_fn, (scores, q, *draws[0]))
     del inputs
@@ -161,8 +139,6 @@ def main(argv=None) -> int:
         print("bench_verify_sampling.py needs a CUDA GPU (torch.cuda.is_available() is False); nothing to time.",
               file=sys.stderr)
         return 2
-    import triton
-
     compiled = None
     if args.compile_nodes:
         compiled = torch.compile(_reference, fullgraph=True, mode="reduce-overhead")
@@ -189,18 +165,11 @@ def main(argv=None) -> int:
               f"| {r['triton_eager_us']:.1f} | {r['torch_gpu_us']:.1f} | {r['torch_eager_us']:.1f} "
               f"| {_fmt(r.get('compiled_eager_us'))} | {exact} | {r.get('compiled_exact', '-')} |")
     for r in rows:
-        if "tilings_gpu_us" in r:
-            best = min(r["tilings_gpu_us"], key=r["tilings_gpu_us"].get)
-            print(f"N={r['N']} V={r['V']}: fastest tiling {best} ({r['tilings_gpu_us'][best]:.1f} us gpu)")
         if "compiled_error" in r:
             print(f"compiled reference failed at N={r['N']} V={r['V']}: {r['compiled_error']}")
-    if args.out:
-        meta = {"device": props.name, "torch": torch.__version__, "triton": triton.__version__,
-                "cuda": torch.version.cuda}
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "args": vars(args), "rows": rows}, f, indent=1)
-    bad = [r for r in rows if r["mismatches"] or any(r.get("tilings_mismatches", {}).values())]
-    return 1 if bad else 0
+    record("verify_sampling", rows, command="python bench/bench_verify_sampling.py "
+           + " ".join(sys.argv[1:] if argv is None else argv), path=args.record)
+    return 1 if any(r["mismatches"] for r in rows) else 0
 
 
 if __name__ == "__main__":

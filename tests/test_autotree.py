@@ -1,8 +1,6 @@
 """tree="auto": the cost model's shape, the greedy acceptance replay (against speculative_generate), the choice."""
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 
@@ -204,10 +202,6 @@ def test_errors_name_the_bad_value(model, ids, replays):
         measure_verify_cost(model, (-1,))
 
 
-_INTEGRATED = "autotree_inputs" in inspect.signature(em.speculative_generate).parameters
-
-
-@pytest.mark.skipif(not _INTEGRATED, reason="tree='auto' is not wired into generate.py yet")
 def test_speculative_generate_tree_auto(model, ids, reference):
     head = NoisyHead(em.EagleHead.from_target(model), reference, 4.0)
     out = em.speculative_generate(model, head, input_ids=ids, max_new_tokens=N_NEW, tree="auto", autotree_inputs=ids,

@@ -120,8 +120,13 @@ def assert_same(got, want, case):
         "Triton sampling walk differs from the torch reference:\n" + "\n".join(lines)
 
 
-def run_both(case, **tiling):
-    got = triton_sampling.rejection_walk_triton(*case, **tiling)
+def set_tiling(monkeypatch, block_v: int, num_warps: int = 4) -> None:
+    """Replace the kernel's launch rule: small blocks cross many chunks even for small V."""
+    monkeypatch.setattr(triton_sampling, "_settings", lambda V: (block_v, num_warps))
+
+
+def run_both(case):
+    got = triton_sampling.rejection_walk_triton(*case)
     want = reference(*case)
     assert_same(got, want, case)
     return want
@@ -144,13 +149,14 @@ SHAPES = [(B, n, V) for B in (1, 3) for n in (1, 2, 7, 33) for V in (5, 37, 130,
 
 @needs_triton
 @pytest.mark.parametrize("B, n, V", SHAPES)
-def test_matches_reference(B, n, V):
+def test_matches_reference(monkeypatch, B, n, V):
     seed = B * 1_000_003 + n * 1009 + V
     kinds = KINDS[seed % 4:] + KINDS[:seed % 4]  # B = 1 rows take turns through the kinds
     case = make_case(B, n, V, kinds, seed)
     # Several chunks per pass (and a ragged last one) where the interpreter can afford it.
-    tiling = {"block_v": 16} if V <= 37 or (V == 130 and B * n <= 7) else {}
-    accept_len, best, bonus = (t.cpu() for t in run_both(case, **tiling))
+    if V <= 37 or (V == 130 and B * n <= 7):
+        set_tiling(monkeypatch, 16)
+    accept_len, best, bonus = (t.cpu() for t in run_both(case))
     tokens, parent, scores, q = (t.cpu() for t in case[:4])
     for b in range(B):
         kind = kinds[b % 4]
@@ -163,10 +169,11 @@ def test_matches_reference(B, n, V):
 
 @needs_triton
 @pytest.mark.parametrize("block_v, num_warps", [(16, 4), (64, 1), (256, 8)])
-def test_tilings_and_layout(block_v, num_warps):
+def test_tilings_and_layout(monkeypatch, block_v, num_warps):
     """Block sizes around V = 200; scores and q rows strided past V, int32 trees, bf16 inputs via the dispatch."""
     case = make_case(3, 12, 200, KINDS, seed=block_v)
-    run_both(case, block_v=block_v, num_warps=num_warps)
+    set_tiling(monkeypatch, block_v, num_warps)
+    run_both(case)
     tokens, parent, scores, q, u, e = case
     wide = torch.zeros(3, 12, 256, device=DEVICE)
     wide[..., :200] = scores

@@ -1,4 +1,4 @@
-"""The multi-GPU benchmarks (scripts/gpu/multi.sh, split.sh) at tiny size on CPU: every code path they take.
+"""The multi-GPU benchmarks (dev/gpu/multi.sh, split.sh) at tiny size on CPU: every code path they take.
 
 Training: the data step, a 2-process accelerate launch of the worker (gloo; the GPU run uses NCCL), a 1-process
 run in this process, and the report. Split targets: CPU + disk-offloaded layers through both placements the GPU
@@ -39,7 +39,7 @@ def prep(tmp_path_factory):
 def test_training_bench_one_and_two_processes(prep, tmp_path):
     info = json.loads((prep / "prep.json").read_text())
     assert info["rows"] == info["steps"] * info["batch_size"] * 2
-    # As scripts/gpu/multi.sh launches it (there with NCCL on GPUs; here the processes join over gloo).
+    # As dev/gpu/multi.sh launches it (there with NCCL on GPUs; here the processes join over gloo).
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
            str(_free_port()), str(REPO / "bench" / "bench_multi_gpu.py"), "worker", str(prep),

@@ -98,11 +98,8 @@ def verify_greedy(logits: torch.Tensor, tree_tokens: torch.Tensor, parent: torch
     `eagle_mm.decode.tree.Tree` (0 <= parent[i] <= N, parents before children, depth <= max_depth; not
     checked: checking would read the device). Returns int64 (B,) tensors (accept_len, best, bonus),
     plus path (B, max_depth+1) as `eagle_mm.decode.tree.path_indices` gives when ``with_path``. Equal, bit for
-    bit, to torch: target = logits.argmax(-1), `greedy_accept`, bonus = target[best]. No host sync.
-    On sm_90+ the Triton kernel keeps a small buffer of key slots per device and stream between calls
-    (`triton_greedy._key_slots`): calls on one stream may follow each other freely, and calls on different
-    streams use different slots. A CUDA graph uses its capture stream's slots, so do not replay it while
-    another verify call runs on that stream.
+    bit, to torch: target = logits.argmax(-1), `greedy_accept`, bonus = target[best]. No host sync; the
+    kernel keeps no state between calls.
     """
     _check(logits, tree_tokens, parent, depth, max_depth)
     if _resolve(backend, logits.device, max(logits.shape[1], max_depth + 1)) == "triton":

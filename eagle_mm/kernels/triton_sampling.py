@@ -189,22 +189,25 @@ def _walk_sampling(tokens_ptr, parent_ptr, scores_ptr, q_ptr, u_ptr, e_ptr, work
     tl.store(out_ptr + 2 * B + b, bonus.to(tl.int64))
 
 
+def _settings(V: int) -> tuple[int, int]:
+    """(block_v, num_warps) of the passes over V: the one launch rule (tests shrink block_v to cross chunks)."""
+    block_v = min(4096, triton.next_power_of_2(V))
+    return block_v, (16 if block_v >= 4096 else 8 if block_v >= 1024 else 4)
+
+
 def rejection_walk_triton(tokens: torch.Tensor, parent: torch.Tensor, scores: torch.Tensor, q: torch.Tensor,
-                          u: torch.Tensor, e: torch.Tensor, *, block_v: int | None = None,
-                          num_warps: int | None = None):
+                          u: torch.Tensor, e: torch.Tensor):
     """`rejection_walk(tokens, parent, softmax(scores, -1), q, u, e)` in one Triton launch.
 
     scores (B, N+1, V) fp32 processed logits (-inf = masked token), q (B, N+1, V) fp32 draft
     probabilities (rows of childless nodes are not read), u (B, N+1) fp32 uniforms, e (B, V) fp32 Exp(1)
     noise, tokens / parent (B, N+1) integer. Returns int64 (B,) (accept_len, best, bonus). Shapes and
-    dtypes are checked by `eagle_mm.kernels.dispatch.verify_sampling`, not here. ``block_v`` /
-    ``num_warps`` tune the passes over V (tests use a small block to cross many chunks).
+    dtypes are checked by `eagle_mm.kernels.dispatch.verify_sampling`, not here.
     """
     B, n_nodes, V = scores.shape
     tokens, parent, scores, q, u, e = (t if t.stride(-1) == 1 else t.contiguous()
                                        for t in (tokens, parent, scores, q, u, e))
-    block_v = block_v or min(4096, triton.next_power_of_2(V))
-    num_warps = num_warps or (16 if block_v >= 4096 else 8 if block_v >= 1024 else 4)
+    block_v, num_warps = _settings(V)
     work = torch.empty(B * 3 * V, dtype=torch.float32, device=scores.device)  # (B, 3, V), never read unwritten
     out = torch.empty(3, B, dtype=torch.int64, device=scores.device)
     # One program per row: the walk is sequential, and at B = 1 one SM streams each pass over V.

@@ -20,7 +20,7 @@ from .config import TrainConfig
 
 __all__ = ["add_train_parser", "add_train_arguments", "run_train", "main"]
 
-# Short spellings the issue and docs use; the long generated names work too.
+# Short spellings the docs use; the long generated names work too.
 _ALIASES = {"output_dir": ["--output"], "features_dir": ["--features"]}
 _DESCRIPTION = (
     "Train an EAGLE-3 (default) or EAGLE-1 draft head for a Hugging Face target on JSON-lines data, with the "

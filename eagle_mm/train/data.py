@@ -233,12 +233,6 @@ def _tokenize(tokenizer, text: str, spans, special: bool) -> tuple[list[int], li
     return list(ids), mask
 
 
-def _encode_chat(tokenizer, messages: list[dict], where: str) -> tuple[list[int], list[bool]]:
-    """Token ids of the rendered conversation and a mask of the assistant turns' tokens (their end marker too)."""
-    text, spans = _render_chat(tokenizer, messages, where)
-    return _tokenize(tokenizer, text, spans, False)
-
-
 def _image_token_id(processor, tokenizer) -> int | None:
     tid = getattr(processor, "image_token_id", None)
     if tid is None and getattr(processor, "image_token", None):

@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 
 from ..arch import execution_device, resolve_target
 from ..config import Eagle3Config
+from .accelerator import make_accelerator
 from .config import TrainConfig
 from .data import Example, encode_rows, read_rows
 from .regenerate import regenerate_rows
@@ -45,8 +46,6 @@ def dump_features(config: TrainConfig, out_dir, *, shard_bytes: int = 1 << 30, a
     applied first; ``config.max_length`` truncates.
     """
     from tqdm.auto import tqdm
-
-    from .loop import make_accelerator
 
     acc = accelerator or make_accelerator()
     out = Path(out_dir)

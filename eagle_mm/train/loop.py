@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from ..arch import resolve_target
 from ..heads import Eagle3Head, EagleHead
 from ..heads.io import load_head
 from ..multimodal import hide_image_features
+from .accelerator import make_accelerator
 from .checkpoint import check_resumable, resolve_resume, save_checkpoint
 from .config import TrainConfig
 from .data import BatchPlan, build_draft_vocab, collate, encode_rows, has_images, read_rows, write_rows
@@ -31,7 +31,7 @@ from .regenerate import regenerate_rows
 from .losses import eagle1_loss, eagle3_loss
 from .target import load_processor, load_target, load_target_embeddings, load_tokenizer, target_features
 
-__all__ = ["train", "TrainResult", "HeadObjective", "make_accelerator"]
+__all__ = ["train", "TrainResult", "HeadObjective"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,27 +71,6 @@ def _schedule(total: int, warmup: int, floor: float):
         progress = (step - warmup) / max(1, total - warmup)
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
     return factor
-
-
-def make_accelerator(mixed_precision: str = "no"):
-    """An Accelerator; processes started by a launcher on a machine without GPUs join over gloo.
-
-    (accelerate picks its CPU backend only when asked, and would otherwise let each process train alone.)
-    """
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
-
-    state = AcceleratorState._shared_state
-    if state and state.get("_mixed_precision", mixed_precision) != mixed_precision:
-        # An earlier run in this process fixed another precision in accelerate's process-wide state; drop
-        # that part (the process group stays) so that a second train() call can pick its own.
-        AcceleratorState._reset_state()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    acc = Accelerator(mixed_precision=mixed_precision, cpu=world > 1 and not torch.cuda.is_available())
-    if acc.num_processes != world:
-        raise RuntimeError(f"launched as {world} processes but accelerate set up {acc.num_processes} "
-                           f"({acc.distributed_type}); check the launcher's configuration")
-    return acc
 
 
 def train(config: TrainConfig, *, on_step=None, processor=None, target=None) -> TrainResult:

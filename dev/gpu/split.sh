@@ -3,10 +3,10 @@
 # loaded with from_pretrained(device_map=...): embeddings and 12 layers on the GPU, 4 layers, the final norm
 # and the lm_head on the CPU (offloaded: weights in host memory, run on the GPU behind accelerate's hooks).
 # Greedy speculative == generate in float32 and bfloat16, tokens/s           -> OUT/c_gpu_cpu.json
-# Usage: bash scripts/gpu/split.sh OUTDIR [--tiny]   (any working directory; at most BUDGET_S, default 55,
+# Usage: bash dev/gpu/split.sh OUTDIR [--tiny]   (any working directory; at most BUDGET_S, default 55,
 # seconds). --tiny: a tiny model on CPU, with disk-offloaded layers in place of the CPU ones.
 set -u -o pipefail
-OUT=${1:?usage: bash scripts/gpu/split.sh OUTDIR [--tiny]}
+OUT=${1:?usage: bash dev/gpu/split.sh OUTDIR [--tiny]}
 BUDGET_S=${BUDGET_S:-55}
 if [ "${2:-}" = "--tiny" ]; then
   GPU="" ARGS=(--tiny --new-tokens 10 --tree 4 2 6)

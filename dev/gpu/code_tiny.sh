@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # code-tiny on one GPU: retrain draft heads in parallel on the shipped base (target, tokenizer, assistant), merge
 # them into one build, then run the benchmark. Results and the new heads land in OUTDIR.
-#   bash scripts/gpu/code_tiny.sh OUTDIR                       (both heads, then the bench, ~400 s)
-#   CT_HEADS=eagle3 bash scripts/gpu/code_tiny.sh OUTDIR       (only the EAGLE-3 head; the EAGLE head is the shipped one)
-#   CT_SRC=DIR CT_DEVICE=cpu CT_TOY=1 bash scripts/gpu/code_tiny.sh OUTDIR   (a dry run of a --toy build)
+#   bash dev/gpu/code_tiny.sh OUTDIR                       (both heads, then the bench, ~400 s)
+#   CT_HEADS=eagle3 bash dev/gpu/code_tiny.sh OUTDIR       (only the EAGLE-3 head; the EAGLE head is the shipped one)
+#   CT_SRC=DIR CT_DEVICE=cpu CT_TOY=1 bash dev/gpu/code_tiny.sh OUTDIR   (a dry run of a --toy build)
 # CT_HEADS_S / CT_BENCH_S: time limits of the head builds and of the bench (the bench saves after every row).
 set -u
 OUT=${1:?usage: code_tiny.sh OUTDIR}

@@ -5,11 +5,11 @@
 #   a) the EAGLE-3 trainer under accelerate launch on 2 GPUs, then on 1 GPU (one bf16 8B target per process,
 #      the reference corpus, 30 steps of 2048 tokens per process): tokens/s, scaling, loss, head loads
 #                                                                          -> OUT/a_train.json (+ a_gpu{1,2}.json)
-# Usage: bash scripts/gpu/multi.sh OUTDIR [--tiny]   (any working directory; SKIP_A=1 / SKIP_B=1 skip a part). Logs: OUTDIR/log.txt (timestamped
+# Usage: bash dev/gpu/multi.sh OUTDIR [--tiny]   (any working directory; SKIP_A=1 / SKIP_B=1 skip a part). Logs: OUTDIR/log.txt (timestamped
 # start/end/rc of every part), OUTDIR/<part>.log (each part's output). Each part runs under its own timeout.
 # --tiny: the same steps with tiny models on CPU (CPU + disk-offloaded layers for b; gloo for the 2 processes).
 set -u -o pipefail
-OUT=${1:?usage: bash scripts/gpu/multi.sh OUTDIR [--tiny]}
+OUT=${1:?usage: bash dev/gpu/multi.sh OUTDIR [--tiny]}
 BUDGET_S=${BUDGET_S:-265}
 if [ "${2:-}" = "--tiny" ]; then
   SHAPE=tiny MP=no GPU2="" GPU1="" SPLIT=(--tiny --new-tokens 10 --tree 4 2 6)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build scenes-tiny on one GPU, benchmark it, and pack the build for shipping; ends within SCENES_TOTAL s of wall time.
 #
-#   bash scripts/gpu/scenes.sh OUTDIR        (CUDA_VISIBLE_DEVICES picks the GPU)
+#   bash dev/gpu/scenes.sh OUTDIR        (CUDA_VISIBLE_DEVICES picks the GPU)
 #   SCENES_TOTAL=S SCENES_BUILD_LIMIT=B: other time limits; SCENES_BUILD_ARGS="--set training.max_seconds=300": any
 #   build arguments. The whole default build (~11 min) is more than one lent-GPU call: run the base stage, then
 #   the heads on a copy of it: SCENES_FROM=DIR SCENES_BUILD_ARGS="--stage heads" (DIR: a build, e.g. the zoo's).
@@ -12,7 +12,7 @@
 # the heads still leaves the VLM (manifest.json says what is complete).
 set -u -o pipefail
 
-OUT=${1:?usage: bash scripts/gpu/scenes.sh OUTDIR}
+OUT=${1:?usage: bash dev/gpu/scenes.sh OUTDIR}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export TOKENIZERS_PARALLELISM=false
