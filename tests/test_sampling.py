@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from eagle_mm.decode import sampling
+from eagle_mm.kernels import reference
 from eagle_mm.decode.sampling import sample_children, sibling_scores, tree_rejection_sample
 from eagle_mm.decode.tree import Tree, path_indices, select_tree
 
@@ -181,7 +182,7 @@ WRONG = {"accept_argmax": ("_accept", _wrong_accept_argmax), "no_residual": ("_r
 def test_wrong_rule_fails_the_same_check(monkeypatch, rule):
     """The control: swapping one step of the verifier for a plausible wrong one breaks the bound."""
     name, fn = WRONG[rule]
-    monkeypatch.setattr(sampling, name, fn)
+    monkeypatch.setattr(reference, name, fn)
     lm = ToyLM(V=4, max_len=5, seed=2)
     tv, tv_bound, chi2, chi2_bound = _tree_check(_first3(lm, **TREES["tree"], seed=1), lm)
     assert tv > 2 * tv_bound and chi2 > 2 * chi2_bound, (tv, tv_bound, chi2, chi2_bound)
@@ -190,7 +191,7 @@ def test_wrong_rule_fails_the_same_check(monkeypatch, rule):
 @pytest.mark.parametrize("rule", sorted(WRONG))
 def test_wrong_rule_fails_on_one_node(monkeypatch, rule):
     name, fn = WRONG[rule]
-    monkeypatch.setattr(sampling, name, fn)
+    monkeypatch.setattr(reference, name, fn)
     p, logq = _dists(torch.Generator().manual_seed(2), 1, 6)
     out = _one_node(p[0], logq[0], 2, seed=12)
     tv, tv_bound, chi2, chi2_bound = _check(torch.bincount(out, minlength=6) / B, p[0], B)

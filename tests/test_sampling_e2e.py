@@ -15,7 +15,7 @@ import transformers as tf
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import eagle_mm as em
-import eagle_mm.decode.loop as gen_mod
+import eagle_mm.decode.accept as gen_mod
 
 V, STEPS, N = 7, 3, 24000
 PROMPT = torch.tensor([[1, 4, 2, 6]])

@@ -7,7 +7,7 @@ those candidates (RSD, Jeon et al. 2024). All functions are batched over B rows,
 in fixed shapes from an optional ``torch.Generator`` and never sync with the host.
 ``tree_rejection_sample_scores`` takes the target's processed logits instead of probabilities and runs the
 walk through ``eagle_mm.kernels.verify_sampling``: on CUDA a Triton kernel that softmaxes only the rows
-the walk visits; elsewhere ``rejection_walk`` below, the oracle.
+the walk visits; elsewhere ``kernels.reference.rejection_walk``, the oracle.
 
 Why the output is exact. At node u let p_1 = p_u (the target's processed distribution after u) and
 q_1 = q_u. Drawing without replacement means c_i ~ q_i given c_1..c_{i-1}, where q_i is q_u with
@@ -45,6 +45,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import verify_sampling
+from ..kernels.reference import rejection_walk
 from .tree import Tree
 
 __all__ = ["sample_children", "draft_noise", "sibling_scores", "tree_rejection_sample", "tree_rejection_sample_scores",
@@ -100,33 +101,6 @@ def sibling_scores(parent_score: torch.Tensor, parent_logp: torch.Tensor, logq_c
     return score.masked_fill(logq_children == float("-inf"), float("-inf"))
 
 
-def _accept(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Accept draft token x (B,) with probability min(1, p(x)/q(x)); p, q (B, V), u (B,) ~ U[0, 1)."""
-    px = p.gather(1, x[:, None]).squeeze(1)
-    qx = q.gather(1, x[:, None]).squeeze(1)
-    # p(x) >= q(x) gives a ratio >= 1, always accepted since u < 1 (exactly 1 when p and q are equal).
-    return u < px / qx.clamp_min(torch.finfo(qx.dtype).tiny)
-
-
-def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """norm(max(p - q, 0)) (B, V): the target left over after a rejection; p itself if nothing is left."""
-    r = (p - q).clamp_min(0)
-    mass = r.sum(-1, keepdim=True)
-    return torch.where(mass > 0, r / mass.clamp_min(torch.finfo(r.dtype).tiny), p)
-
-
-def _without(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """q (B, V) with token x (B,) removed and renormalized (all zeros once q's support is used up)."""
-    q = q.scatter(1, x[:, None], 0.0)
-    mass = q.sum(-1, keepdim=True)
-    return q / mass.clamp_min(torch.finfo(q.dtype).tiny)
-
-
-def _sample(p: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """Token ~ p (B, V) (need not be normalized) from Exp(1) noise e (B, V): argmax p / e, no host sync."""
-    return (p / e.clamp_min(torch.finfo(e.dtype).tiny)).argmax(-1)
-
-
 def _noise(B: int, n: int, V: int, device: torch.device, generator: torch.Generator | None):
     """All the walk's randomness up front, in fixed shapes: u (B, N+1) one uniform per node, e (B, V) the
     bonus's Exp(1) noise. One order of draws for both entry points, so they agree for a given generator."""
@@ -168,31 +142,3 @@ def tree_rejection_sample_scores(tree: Tree, scores: torch.Tensor, q: torch.Tens
                          f"({B}, {n}, V)")
     u, e = _noise(B, n, scores.shape[-1], scores.device, generator)
     return verify_sampling(scores, q, tokens, parent, u, e, backend=backend)
-
-
-def rejection_walk(tokens: torch.Tensor, parent: torch.Tensor, p: torch.Tensor, q: torch.Tensor, u: torch.Tensor,
-                   e: torch.Tensor):
-    """The walk of ``tree_rejection_sample`` given its noise: u (B, N+1) uniforms, e (B, V) Exp(1).
-
-    Straight-line tensor code (no data-dependent control flow), so it can be compiled or graph-captured:
-    eager it is launch-bound (about 20 ms for N = 48, V = 152k on an H200); under
-    ``torch.compile(rejection_walk, fullgraph=True, mode="reduce-overhead")`` about 1 ms, bit-identical.
-    """
-    B, n = tokens.shape
-    cur = torch.zeros(B, dtype=torch.long, device=p.device)  # the node whose children are being tried
-    accept_len = torch.zeros(B, dtype=torch.long, device=p.device)
-    p_cur, q_cur = p[:, 0].float(), q[:, 0].float()  # (B, V) residual target / remaining draft at cur
-    # One pass in index order visits each node's children in draw order, and an accepted node's
-    # children after it (parents precede children), so the loop is bounded by the tree size alone.
-    for j in range(1, n):
-        x = tokens[:, j]  # (B,)
-        live = (parent[:, j] == cur) & (q_cur.gather(1, x[:, None]).squeeze(1) > 0)  # a candidate now
-        acc = live & _accept(p_cur, q_cur, x, u[:, j])
-        rej = (live & ~acc)[:, None]
-        p_next = torch.where(rej, _residual(p_cur, q_cur), p_cur)
-        q_next = torch.where(rej, _without(q_cur, x), q_cur)
-        p_cur = torch.where(acc[:, None], p[:, j].float(), p_next)
-        q_cur = torch.where(acc[:, None], q[:, j].float(), q_next)
-        cur = torch.where(acc, j, cur)
-        accept_len += acc
-    return accept_len, cur, _sample(p_cur, e)

@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from .reference import verify_greedy_reference
+from .reference import rejection_walk, verify_greedy_reference
 
 __all__ = ["verify_greedy", "verify_sampling", "BACKENDS", "ENV_BACKEND"]
 
@@ -148,5 +148,4 @@ def verify_sampling(scores: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor,
     if _resolve(backend, scores.device, load=_sampling_module) == "triton":
         return _sampling_module().rejection_walk_triton(tokens, parent, scores.float(), q.float(), u.float(),
                                                         e.float())
-    from ..decode.sampling import rejection_walk  # imported here: eagle_mm.decode.sampling imports this package
     return rejection_walk(tokens.long(), parent.long(), torch.softmax(scores.float(), -1), q, u, e)
