@@ -307,3 +307,21 @@ def test_triton_verify_bf16_equals_generate_cuda(tree, monkeypatch):
         out = _run(model, head, ids, mask, 32, tree, cache_implementation=storage)
         assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]])
         assert out.stats.mean_accept_length > 1.5
+
+
+def test_sampled_calls_share_one_graph_sampler():
+    """The engine's draft step is keyed on its sampler: calls with the same warper settings get the same object
+    (so a captured draft replays), other settings another one."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+    from eagle_mm.decode.draft import DraftSampler
+
+    head = em.Eagle3Head.from_target(tiny_model("llama"))
+
+    def sampler(t, p):
+        procs = LogitsProcessorList([TemperatureLogitsWarper(t), TopPLogitsWarper(p)])
+        return DraftSampler.from_processors(procs, head, torch.Generator().manual_seed(0)).for_graphs()
+
+    assert sampler(0.8, 0.9) is sampler(0.8, 0.9)
+    assert sampler(0.8, 0.9) is not sampler(0.7, 0.9)
+    assert sampler(0.8, 0.9).generator is None  # the call's generator stays with the call

@@ -55,6 +55,18 @@ class DraftSampler:
         ids = head.draft_to_target(torch.arange(vd, device=next(head.parameters()).device))
         return cls(warpers, ids, head.config.vocab_size, generator)
 
+    def for_graphs(self) -> "DraftSampler":
+        """The same sampler without its generator, one object per (head, warper settings): what the engine's
+        captured draft step is keyed on, so that later calls with the same settings replay its graph (its noise
+        is drawn outside the graph)."""
+        key = tuple((type(p), tuple(sorted((k, _plain(v)) for k, v in vars(p).items()))) for p in self.warpers)
+        table = _GRAPH_SAMPLERS.setdefault(self.target_ids.device, {})
+        if key not in table or not torch.equal(table[key].target_ids, self.target_ids):
+            if len(table) >= _GRAPH_SAMPLERS_KEPT:
+                table.pop(next(iter(table)))  # the oldest setting (its graph is dropped by OwnGraph in turn)
+            table[key] = DraftSampler(self.warpers, self.target_ids, self.vocab_size, None)
+        return table[key]
+
     def logq(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """(B, M, V_draft) draft logits -> (B, M, V) log q over target ids (-inf outside the draft vocab)."""
         B, M, vd = draft_logits.shape
@@ -64,6 +76,21 @@ class DraftSampler:
             dummy = torch.zeros(B * M, 1, dtype=torch.long, device=full.device)
             full = self.warpers(dummy, full.view(B * M, -1)).view(B, M, -1)
         return torch.log_softmax(full, dim=-1)
+
+
+_GRAPH_SAMPLERS: dict = {}  # device -> {warper settings: DraftSampler}
+_GRAPH_SAMPLERS_KEPT = 16
+
+
+def _plain(value):
+    """A hashable stand-in for a warper attribute (tensors by their values)."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.flatten().tolist()))
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
 
 
 def _additive(allowed: torch.Tensor, dtype) -> torch.Tensor:

@@ -134,6 +134,9 @@ class FixedStorage:
 
     def __init__(self, model, head, kinds: list[LayerKind], tree, batch: int, prompt_len: int, max_length: int,
                  mode: str | None, sampler=None):
+        # The draft step is keyed on the sampler: one object per warper setting; the call's generator stays here.
+        self.generator = sampler.generator if sampler is not None else None
+        sampler = sampler.for_graphs() if sampler is not None else None
         self.model, self.head, self.kinds, self.tree, self.mode, self.sampler = model, head, kinds, tree, mode, sampler
         self._cache_kwarg = cache_kwarg(model)
         new = max_length - prompt_len  # the prompt takes its bucket's slots (text) or its own (images): the larger
@@ -236,7 +239,7 @@ class FixedStorage:
     def _launch_draft(self):
         b, t, s = self.buf, self.tree, self.sampler
         if s is not None:
-            draft_noise(b.noise, s.generator)  # drawn outside the graph: a user's torch.Generator cannot be captured
+            draft_noise(b.noise, self.generator)  # outside the graph: a user's torch.Generator cannot be captured
         self._draft(self.head, b.head_k, b.head_v, b.head_pos, b.root, b.root_pos, b.root_out, b.root_logits,
                     b.tokens, b.parent, b.depth, b.q_pos, b.q_nodes, b.noise, s, t.top_k, t.depth, t.total_tokens)
         return Tree(b.tokens, b.parent, b.depth), b.q_pos, b.q_nodes
