@@ -22,6 +22,21 @@ import time
 import torch
 
 ROWS = [("greedy", 1), ("sampled", 1), ("greedy", 4), ("greedy", 16), ("sampled", 4)]
+SCENES_ROWS = [("greedy", 1), ("sampled", 1), ("greedy", 4)]
+
+
+def scenes_batch(zm, examples: list) -> dict:
+    """One picture and question per row, left-padded into one batch (LLaVA: one image per row)."""
+    rows = [zm.inputs(ex["image"], ex["prompt"]) for ex in examples]
+    width = max(r["input_ids"].shape[1] for r in rows)
+    pad = zm.tokenizer.pad_token_id or 0
+
+    def left(x, value):
+        return torch.cat((x.new_full((1, width - x.shape[1]), value), x), 1)
+
+    return {"input_ids": torch.cat([left(r["input_ids"], pad) for r in rows]),
+            "attention_mask": torch.cat([left(r["attention_mask"], 0) for r in rows]),
+            "pixel_values": torch.cat([r["pixel_values"] for r in rows])}
 
 
 def _sync(device):
@@ -53,8 +68,9 @@ def classify(model, ref32, ours: torch.Tensor, ref: torch.Tensor, prompt_len: in
             continue
         i = int(diff[0])
         pair = torch.stack((ours[b, i], ref[b, i]))
-        if ref32 is None:
-            out.append(f"MISMATCH at {i - prompt_len}")
+        if ref32 is None:  # fp32: any divergence is a mismatch; an image prompt: no text-only prefix to check
+            out.append(f"MISMATCH at {i - prompt_len}" if model.dtype == torch.float32 else
+                       f"diverges at {i - prompt_len} (not classified: image prompt)")
             continue
         prefix = ref[b, pads[b]: i][None]  # the row without its left padding
         with torch.no_grad():
@@ -69,7 +85,8 @@ def classify(model, ref32, ours: torch.Tensor, ref: torch.Tensor, prompt_len: in
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--model", choices=("code-tiny", "scenes-tiny"), default="code-tiny")
+    p.add_argument("--new-tokens", type=int, default=None, help="default: 128 (code-tiny), 48 (scenes-tiny)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rows", nargs="+", default=[f"{m}{b}" for m, b in ROWS])
     p.add_argument("--out", default=None)
@@ -80,21 +97,32 @@ def main(argv=None) -> dict:
     from eagle_mm import zoo
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    m = zoo.load("code-tiny", device=device)
-    model, head, tok = m.target, m.eagle3_head, m.tokenizer
-    ref32 = None if model.dtype == torch.float32 else copy.deepcopy(model).float()
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+    scenes = args.model == "scenes-tiny"
+    args.new_tokens = args.new_tokens or (48 if scenes else 128)
+    m = zoo.load(args.model, device=device)
+    model, tok = m.target, m.tokenizer
+    head = m.head if scenes else m.eagle3_head
+    ref32 = None if model.dtype == torch.float32 or scenes else copy.deepcopy(model).float()
+    if scenes:
+        from eagle_mm.zoo import scenes_data as sd
+
+        examples = list(sd.examples("validation", 16, size=m.image_size))
+    else:
+        tok.padding_side = "left"
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+    meta = {"model": args.model, "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
             "dtype": str(model.dtype), "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "new_tokens": args.new_tokens, "date": time.strftime("%Y-%m-%d")}
     rows = []
-    for mode, batch in ROWS:
+    for mode, batch in SCENES_ROWS if scenes else ROWS:
         if f"{mode}{batch}" not in args.rows:
             continue
-        prompts = (m.prompts * ((batch // len(m.prompts)) + 1))[:batch]
-        enc = tok(prompts, return_tensors="pt", padding=True).to(device)
+        if scenes:
+            enc = scenes_batch(m, examples[:batch])
+        else:
+            prompts = (m.prompts * ((batch // len(m.prompts)) + 1))[:batch]
+            enc = dict(tok(prompts, return_tensors="pt", padding=True).to(device))
         n = args.new_tokens
         sample = dict(do_sample=True, temperature=0.8, top_p=0.95) if mode == "sampled" else dict(do_sample=False)
         common = dict(**enc, max_new_tokens=n, min_new_tokens=n, **sample)
@@ -120,7 +148,7 @@ def main(argv=None) -> dict:
                 secs.append(sec)
             seqs = out.sequences if hasattr(out, "sequences") else out
             outs[name] = seqs
-            tokens = batch * (seqs.shape[1] - enc.input_ids.shape[1])
+            tokens = batch * (seqs.shape[1] - enc["input_ids"].shape[1])
             row[name] = {"tokens_per_s": tokens / statistics.median(secs), "first_call_s": first,
                          "median_s": statistics.median(secs)}
             if name == "ours":
@@ -130,8 +158,8 @@ def main(argv=None) -> dict:
         row["vs_hf_eager"] = ours / row["hf_eager"]["tokens_per_s"]
         row["vs_hf_static"] = ours / row["hf_static"]["tokens_per_s"]
         if mode == "greedy":
-            row["lossless"] = classify(model, ref32, outs["ours"], outs["hf_eager"], enc.input_ids.shape[1],
-                                     (enc.attention_mask == 0).sum(1).tolist())
+            row["lossless"] = classify(model, ref32, outs["ours"], outs["hf_eager"], enc["input_ids"].shape[1],
+                                     (enc["attention_mask"] == 0).sum(1).tolist())
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.out:

@@ -3,6 +3,7 @@ from .config import Eagle3Config, EagleConfig, TreeConfig
 from .decode.loop import custom_generate, speculative_generate
 from .heads import Eagle3Head, EagleHead
 from .decode.state import SpeculativeOutput, SpeculativeStats
+from .decode.warmup import warmup
 
 
 def load_head(path, target=None, **kwargs):
@@ -14,6 +15,6 @@ def load_head(path, target=None, **kwargs):
 
 __all__ = [
     "EagleHead", "Eagle3Head", "EagleConfig", "Eagle3Config", "TreeConfig",
-    "speculative_generate", "custom_generate", "SpeculativeOutput", "SpeculativeStats", "load_head",
+    "speculative_generate", "custom_generate", "SpeculativeOutput", "SpeculativeStats", "load_head", "warmup",
 ]
 __version__ = "0.1.0"

@@ -325,3 +325,48 @@ def test_sampled_calls_share_one_graph_sampler():
     assert sampler(0.8, 0.9) is sampler(0.8, 0.9)
     assert sampler(0.8, 0.9) is not sampler(0.7, 0.9)
     assert sampler(0.8, 0.9).generator is None  # the call's generator stays with the call
+
+
+_CHILD = """
+import json, torch
+from torch._dynamo.utils import counters
+import eagle_mm as em
+from tests.tiny import prompt, tiny_model
+model = tiny_model("llama", num_hidden_layers=2)
+head = em.Eagle3Head.from_target(model)
+out = em.speculative_generate(model, head, prompt(8), max_new_tokens=6, compile="default", tree=em.TreeConfig.chain(2),
+                              return_dict_in_generate=True)
+print("RESULT", json.dumps({"hits": counters["inductor"]["fxgraph_cache_hit"], "compile": out.stats.time_compile}))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_process_reuses_the_disk_cache(tmp_path):
+    """compile=True/a mode: inductor keeps what it compiled on disk (TORCHINDUCTOR_CACHE_DIR); a second process
+    with the same shapes loads the engine's kernels from there instead of compiling them again."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path), PYTHONPATH=os.getcwd())
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=280)
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert line, proc.stderr[-3000:]
+        runs.append(json.loads(line[0][7:]))
+    assert runs[0]["hits"] == 0 and runs[1]["hits"] >= 4  # prefill, draft, verify and update: all from the disk
+    assert runs[1]["compile"] < runs[0]["compile"]
+
+
+def test_warmup_runs_the_shapes_ahead():
+    from eagle_mm.decode.fixed import _CACHES
+
+    model = tiny_model("llama")
+    head = em.Eagle3Head.from_target(model)
+    seconds = em.warmup(model, head, batch_sizes=(2,), prompt_lengths=(9,), max_new_tokens=8, tree=TREE)
+    assert seconds > 0 and _CACHES[model].batch == 2
+    out = em.speculative_generate(model, head, prompt(9, batch=2), max_new_tokens=8, tree=TREE,
+                                  return_dict_in_generate=True)
+    assert out.stats.time_compile == 0 and _CACHES[model].batch == 2
