@@ -91,7 +91,7 @@ def test_custom_generate_is_ours_to_set(model, head):
     _fails(model, head, ValueError, "custom_generate", input_ids=prompt(4), custom_generate=lambda *a, **k: None)
 
 
-@pytest.mark.parametrize("tree", [{"depth": 3}, (3, 2, 4), 5])
+@pytest.mark.parametrize("tree", [(3, 2, 4), 5])
 def test_tree_not_a_tree_config(model, head, tree):
     _fails(model, head, TypeError, type(tree).__name__, input_ids=prompt(4), tree=tree)
 

@@ -260,12 +260,12 @@ def test_features_are_what_each_decoder_layer_reads(family):
 
 
 def test_chunked_layers_are_book_kept_as_windows():
-    from eagle_mm.decode.dynamic import layer_kinds
+    from eagle_mm.decode.masks import layer_kinds
 
     model = tiny_vlm("llama4").model
     tc = model.config.get_text_config()
     cache = tf.DynamicCache(config=tc)
-    kinds = layer_kinds(cache, tc)
+    kinds = layer_kinds(tc, len(cache.layers), cache.layers)
     assert [k.name for k in kinds] == tc.layer_types == ["chunked_attention", "full_attention"] * 2
     assert [(k.window, k.chunk) for k in kinds] == [(6, 6), (None, None)] * 2
 
