@@ -1,0 +1,138 @@
+"""Nothing half-written: a save interrupted at any write leaves the old head or the new one, never a mix;
+malformed head files are refused at load with their path; trees are bounded; unclear inputs get clear errors."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import eagle_mm
+from eagle_mm import heads
+from eagle_mm.config import TreeConfig
+from eagle_mm.export import export_head, load_exported
+from eagle_mm.heads import Eagle3Head, EagleHead
+from eagle_mm.heads.io import load_head
+from tests.tiny import prompt, tiny_model
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama")
+
+
+def _eagle3(target, aux, seed):
+    torch.manual_seed(seed)
+    head = Eagle3Head.from_target(target, aux_layers=aux, draft_vocab_size=48)
+    head.set_draft_vocab(torch.randperm(target.config.vocab_size, generator=torch.Generator().manual_seed(seed))[:48])
+    return head
+
+
+def _same(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return (type(a) is type(b) and a.config == b.config and sa.keys() == sb.keys()
+            and all(sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]) for k in sa))
+
+
+# ---- atomic saves: a fault at every write -----------------------------------------------------------
+class _Fault(OSError):
+    pass
+
+
+# Every call that writes or renames on the way from a head in memory to a head on disk.
+_WRITES = [("eagle_mm.heads.io", "save_file"), ("eagle_mm.export", "save_file"), ("torch", "save"),
+           ("pathlib.Path", "write_text"), ("os", "rename"), ("os", "link"), ("os", "fsync"), ("os", "symlink"),
+           ("eagle_mm.heads.atomic", "_exchange")]
+
+
+def _patch_writes(monkeypatch, fail_at: int | None) -> list:
+    """Wrap every write; the ``fail_at``-th call (1-based, over all of them) raises. Returns the call log."""
+    calls = []
+    for module, name in _WRITES:
+        owner = pathlib.Path if module == "pathlib.Path" else __import__(module, fromlist=["_"])
+        real = getattr(owner, name)
+
+        def wrapped(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            if len(calls) == fail_at:
+                raise _Fault(f"injected fault at write {fail_at} ({_name})")
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, wrapped)
+    return calls
+
+
+def _sweep(tmp_path, monkeypatch, save_old, save_new, load, old, new):
+    """Save ``old`` at tmp_path/head, then ``new`` over it with a fault at write k, for every k."""
+    root = tmp_path / "head"
+    save_old(root)
+    # What a training output directory holds beside its head: it must survive every outcome.
+    (root / "checkpoints" / "step-00000001").mkdir(parents=True)
+    (root / "checkpoints" / "step-00000001" / "optimizer.bin").write_bytes(b"\x01" * 64)
+    (root / "train_log.jsonl").write_text('{"step": 1}\n')
+    with monkeypatch.context() as m:
+        calls = _patch_writes(m, None)
+        save_new(root)
+        n = len(calls)
+    save_old(root)
+    assert n >= 4, f"only {n} writes seen: the fault sweep would test nothing"
+    outcomes = []
+    for k in range(1, n + 1):
+        with monkeypatch.context() as m:
+            _patch_writes(m, k)
+            try:
+                save_new(root)
+                raised = False
+            except _Fault:
+                raised = True
+        loaded = load(root)
+        is_old, is_new = _same(loaded, old), _same(loaded, new)
+        assert is_old or is_new, f"fault at write {k}/{n}: the loaded head is neither the old nor the new one"
+        outcomes.append("new" if is_new else "old")
+        assert (root / "checkpoints" / "step-00000001" / "optimizer.bin").read_bytes() == b"\x01" * 64
+        assert (root / "train_log.jsonl").read_text() == '{"step": 1}\n'
+        assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")], f"leftovers after write {k}"
+        # A failed save leaves the old head, but for the last write: syncing the parent after the swap.
+        assert is_new if not raised or k == n else is_old, f"fault at write {k}/{n}"
+        if is_new:  # back to the old head for the next fault
+            save_old(root)
+    assert outcomes.count("old") >= 4, outcomes
+    save_new(root)
+    assert _same(load(root), new)
+
+
+@pytest.mark.parametrize("old_format, new_format", [("safetensors", "safetensors"), ("safetensors", "bin"),
+                                                    ("bin", "safetensors")])
+def test_interrupted_save_leaves_old_or_new_head(tmp_path, monkeypatch, target, old_format, new_format):
+    old, new = _eagle3(target, (2, 4, 5), 1), _eagle3(target, (1, 3, 5), 2)
+    _sweep(tmp_path, monkeypatch,
+           lambda p: old.save_pretrained(p, safe_serialization=old_format == "safetensors"),
+           lambda p: new.save_pretrained(p, safe_serialization=new_format == "safetensors"),
+           load_head, old, new)
+
+
+@pytest.mark.parametrize("layouts", [("vllm", "sglang"), ("eagle", "vllm")])
+def test_interrupted_export_leaves_old_or_new_head(tmp_path, monkeypatch, target, layouts):
+    old, new = _eagle3(target, (2, 4, 5), 3), _eagle3(target, (1, 3, 5), 4)
+    _sweep(tmp_path, monkeypatch, lambda p: export_head(old, p, layouts[0]), lambda p: export_head(new, p, layouts[1]),
+           load_exported, old, new)
+
+
+def test_save_follows_a_symlink_and_refuses_a_file(tmp_path, target):
+    head = EagleHead.from_target(target)
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    head.save_pretrained(tmp_path / "link")
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "real" / "config.json").is_file()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file; expected a directory"):
+        head.save_pretrained(tmp_path / "file")
+    os.symlink(tmp_path / "loop_a", tmp_path / "loop_b")
+    os.symlink(tmp_path / "loop_b", tmp_path / "loop_a")
+    with pytest.raises(ValueError, match="symlink loop"):
+        head.save_pretrained(tmp_path / "loop_a")
