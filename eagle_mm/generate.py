@@ -20,7 +20,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from .arch import resolve_target
 from .cache import CacheSnapshot, SlotBook, build_masks, keep_path, layer_kinds
 from .compat import cache_kwarg, output_cache
-from .config import TreeConfig
+from .config import TreeConfig, bound_tree
 from .draft import DraftSampler, HeadCache, draft_tree, extend_head
 from .features import FeatureCapture
 from .multimodal import (PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets,
@@ -150,6 +150,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     autotree = None
     if isinstance(tree, str):
         tree, autotree = _auto_tree(model, head, input_ids, attention_mask, images, autotree_inputs)
+    tree = bound_tree(tree, gen.max_length - input_ids.shape[1])  # never draft deeper than can be committed
     _check_cache_room(parts, gen.max_length - 1, tree)  # the last verify is over at most max_length - 2 slots
     head.attach(model)
     vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size

@@ -136,3 +136,40 @@ def test_save_follows_a_symlink_and_refuses_a_file(tmp_path, target):
     os.symlink(tmp_path / "loop_b", tmp_path / "loop_a")
     with pytest.raises(ValueError, match="symlink loop"):
         head.save_pretrained(tmp_path / "loop_a")
+
+
+# ---- bounded trees ------------------------------------------------------------------------------------
+def test_tree_depth_and_size_have_documented_maxima():
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"depth=1000000 exceeds TreeConfig.MAX_DEPTH=64"):
+        TreeConfig.chain(10**6)
+    assert time.perf_counter() - t0 < 1.0
+    TreeConfig.chain(TreeConfig.MAX_DEPTH)
+    with pytest.raises(ValueError, match=r"total_tokens=1024 exceeds TreeConfig.MAX_TOTAL_TOKENS=1023"):
+        TreeConfig(depth=8, top_k=16, total_tokens=1024)
+
+
+def test_bound_tree_clamps_to_what_can_be_committed(caplog):
+    chain = TreeConfig.chain(TreeConfig.MAX_DEPTH)
+    with caplog.at_level(logging.INFO, logger="eagle_mm.config"):
+        assert eagle_mm.config.bound_tree(chain, 4) == TreeConfig.chain(4)
+    assert len([r for r in caplog.records if "clamped" in r.getMessage()]) == 1
+    wide = TreeConfig(depth=10, top_k=4, total_tokens=100)
+    assert eagle_mm.config.bound_tree(wide, 2) == TreeConfig(depth=2, top_k=4, total_tokens=20)
+    assert eagle_mm.config.bound_tree(wide, 1) == TreeConfig(depth=1, top_k=4, total_tokens=4)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="eagle_mm.config"):
+        assert eagle_mm.config.bound_tree(wide, 10) is wide
+    assert not caplog.records
+
+
+def test_deep_chain_with_few_new_tokens_returns_fast(target):
+    head = EagleHead.from_target(target)
+    ids = prompt(8)
+    ref = target.generate(ids, max_new_tokens=4, do_sample=False)
+    eagle_mm.speculative_generate(target, head, ids, max_new_tokens=4, tree=TreeConfig.chain(2))  # warm up
+    t0 = time.perf_counter()
+    out = eagle_mm.speculative_generate(target, head, ids, max_new_tokens=4, tree=TreeConfig.chain(TreeConfig.MAX_DEPTH),
+                                        return_dict_in_generate=True)
+    assert time.perf_counter() - t0 < 1.0
+    assert torch.equal(out.sequences, ref) and out.stats.tree == TreeConfig.chain(4)
