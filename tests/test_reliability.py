@@ -173,3 +173,65 @@ def test_deep_chain_with_few_new_tokens_returns_fast(target):
                                         return_dict_in_generate=True)
     assert time.perf_counter() - t0 < 1.0
     assert torch.equal(out.sequences, ref) and out.stats.tree == TreeConfig.chain(4)
+
+
+# ---- head files validated at load -----------------------------------------------------------------------
+def _saved(tmp_path, target, fmt="safetensors"):
+    root = tmp_path / "head"
+    _eagle3(target, (2, 4, 5), 1).save_pretrained(root, safe_serialization=fmt == "safetensors")
+    return root
+
+
+def _edit(root, **changes):
+    state = load_file(str(root / "model.safetensors"))
+    state.update(changes)
+    save_file(state, str(root / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_float_d2t_is_refused_at_load(tmp_path, target):
+    root = _saved(tmp_path, target)
+    _edit(root, d2t=load_file(str(root / "model.safetensors"))["d2t"].float())
+    with pytest.raises(ValueError, match=rf"{root}: d2t has dtype torch.float32; it holds integer offsets"):
+        load_head(root)
+
+
+def test_d2t_that_disagrees_with_t2d_is_refused(tmp_path, target):
+    root = _saved(tmp_path, target)
+    _edit(root, d2t=torch.zeros(48, dtype=torch.long))  # draft ids 0..47, but t2d marks a random 48
+    with pytest.raises(ValueError, match=rf"{root}: d2t and t2d disagree"):
+        load_head(root)
+    _edit(root, d2t=torch.full((48,), -1, dtype=torch.long))
+    with pytest.raises(ValueError, match="outside the target vocabulary"):
+        load_head(root)
+
+
+def test_tensor_dtype_and_shape_checked_against_the_config(tmp_path, target):
+    root = _saved(tmp_path, target)
+    _edit(root, **{"fc.weight": torch.zeros(64, 3 * 64, dtype=torch.int32)})
+    with pytest.raises(ValueError, match=r"fc.weight has dtype torch.int32, expected a floating dtype"):
+        load_head(root)
+    root = _saved(tmp_path, target)
+    _edit(root, **{"lm_head.weight": torch.zeros(47, 64)})
+    with pytest.raises(ValueError, match=rf"{root}: shape mismatch .* lm_head.weight: checkpoint \(47, 64\) vs head \(48, 64\)"):
+        load_head(root)
+
+
+@pytest.mark.parametrize("fmt, name", [("safetensors", "model.safetensors"), ("bin", "pytorch_model.bin")])
+def test_truncated_weights_are_named(tmp_path, target, fmt, name):
+    root = _saved(tmp_path, target, fmt)
+    data = (root / name).read_bytes()
+    (root / name).write_bytes(data[: len(data) - 100])
+    with pytest.raises(ValueError, match=rf"cannot read {root / name}: .* truncated, corrupt or unreadable"):
+        load_head(root)
+
+
+def test_symlink_loops_are_reported_as_loops(tmp_path, target):
+    os.symlink(tmp_path / "a", tmp_path / "b")
+    os.symlink(tmp_path / "b", tmp_path / "a")
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'a'} is a symlink loop"):
+        load_head(tmp_path / "a")
+    root = _saved(tmp_path, target)
+    (root / "config.json").unlink()
+    os.symlink(root / "config.json", root / "config.json")
+    with pytest.raises(ValueError, match=rf"{root / 'config.json'} is a symlink loop"):
+        load_head(root)

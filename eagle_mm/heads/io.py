@@ -24,6 +24,7 @@ from .atomic import atomic_dir
 from .base import DraftHead
 from .eagle import EagleHead
 from .eagle3 import Eagle3Head
+from .validate import check_head_files
 
 __all__ = ["save_head", "load_head", "load_config"]
 
@@ -177,6 +178,7 @@ def load_head(
     dtype: the checkpoint's unless given. target: attached (its shapes checked) and, unless ``device``
     is given, the head moves to its embedding's device. strict: unexpected weight keys are an error.
     """
+    check_head_files(path)
     root = _check_dir(path)
     raw = _read_config_dict(root)
     files = _weight_files(root)
