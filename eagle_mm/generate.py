@@ -85,9 +85,9 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | str | N
     if "custom_generate" in kwargs:
         raise ValueError("speculative_generate sets custom_generate itself; do not pass it")
     ids = inputs if inputs is not None else kwargs.get("input_ids")
-    _check_prompt(ids, kwargs.get("attention_mask"))
     _check_attention(model)
     parts = resolve_target(model)
+    _check_prompt(ids, kwargs.get("attention_mask"), parts.vocab_size)
     if parts.is_vlm:
         check_images(parts, model.config, ids, kwargs)
     # generate() hands a custom_generate callable neither the streamer nor the tokenizer: pass the
@@ -190,13 +190,17 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     return SpeculativeOutput(sequences, stats) if gen.return_dict_in_generate else sequences
 
 
-def _check_prompt(ids, mask) -> None:
+def _check_prompt(ids, mask, vocab_size: int) -> None:
     """Fail early with the shapes, before generate() fails deep inside with an index error."""
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or 0 in ids.shape:
         got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"input_ids must be a non-empty (batch, length) tensor, got {got}")
     if ids.is_floating_point() or ids.dtype == torch.bool:
         raise ValueError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
+    low, high = int(ids.min()), int(ids.max())  # one host sync per call
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"input_ids hold token ids in [{low}, {high}], outside the target's vocabulary [0, "
+                         f"{vocab_size}): encode the prompt with the target's own tokenizer")
     if mask is not None and tuple(mask.shape) != tuple(ids.shape):
         raise ValueError(f"attention_mask shape {tuple(mask.shape)} != input_ids shape {tuple(ids.shape)}")
 

@@ -235,3 +235,25 @@ def test_symlink_loops_are_reported_as_loops(tmp_path, target):
     os.symlink(root / "config.json", root / "config.json")
     with pytest.raises(ValueError, match=rf"{root / 'config.json'} is a symlink loop"):
         load_head(root)
+
+
+# ---- clear errors -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [96, -1])
+def test_token_ids_outside_the_vocabulary_are_named(target, bad):
+    head = EagleHead.from_target(target)
+    ids = prompt(6)
+    ids[0, 3] = bad
+    lo, hi = min(bad, int(ids.min())), max(bad, int(ids.max()))
+    with pytest.raises(ValueError, match=rf"token ids in \[{lo}, {hi}\], outside the target's vocabulary \[0, 96\)"):
+        eagle_mm.speculative_generate(target, head, ids, max_new_tokens=4)
+
+
+def test_a_head_on_the_meta_device_is_refused_at_attach(target):
+    head = EagleHead.from_target(target).to("meta")
+    with pytest.raises(ValueError, match=r"EagleHead has parameters on the meta device \(no data, e.g. fc.weight\)"):
+        eagle_mm.speculative_generate(target, head, prompt(6), max_new_tokens=4)
+    config = Eagle3Head.from_target(target).config
+    with torch.device("meta"):
+        empty = Eagle3Head(config)  # building on meta stays allowed
+    with pytest.raises(ValueError, match="meta device"):
+        empty.attach(target)
