@@ -2,7 +2,6 @@
 malformed head files are refused at load with their path; trees are bounded; unclear inputs get clear errors."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pathlib
@@ -13,8 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import eagle_mm
-from eagle_mm import heads
-from eagle_mm.config import TreeConfig
+from eagle_mm.config import TreeConfig, bound_tree
 from eagle_mm.export import export_head, load_exported
 from eagle_mm.heads import Eagle3Head, EagleHead
 from eagle_mm.heads.io import load_head
@@ -152,14 +150,14 @@ def test_tree_depth_and_size_have_documented_maxima():
 def test_bound_tree_clamps_to_what_can_be_committed(caplog):
     chain = TreeConfig.chain(TreeConfig.MAX_DEPTH)
     with caplog.at_level(logging.INFO, logger="eagle_mm.config"):
-        assert eagle_mm.config.bound_tree(chain, 4) == TreeConfig.chain(4)
+        assert bound_tree(chain, 4) == TreeConfig.chain(4)
     assert len([r for r in caplog.records if "clamped" in r.getMessage()]) == 1
     wide = TreeConfig(depth=10, top_k=4, total_tokens=100)
-    assert eagle_mm.config.bound_tree(wide, 2) == TreeConfig(depth=2, top_k=4, total_tokens=20)
-    assert eagle_mm.config.bound_tree(wide, 1) == TreeConfig(depth=1, top_k=4, total_tokens=4)
+    assert bound_tree(wide, 2) == TreeConfig(depth=2, top_k=4, total_tokens=20)
+    assert bound_tree(wide, 1) == TreeConfig(depth=1, top_k=4, total_tokens=4)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="eagle_mm.config"):
-        assert eagle_mm.config.bound_tree(wide, 10) is wide
+        assert bound_tree(wide, 10) is wide
     assert not caplog.records
 
 
@@ -169,8 +167,8 @@ def test_deep_chain_with_few_new_tokens_returns_fast(target):
     ref = target.generate(ids, max_new_tokens=4, do_sample=False)
     eagle_mm.speculative_generate(target, head, ids, max_new_tokens=4, tree=TreeConfig.chain(2))  # warm up
     t0 = time.perf_counter()
-    out = eagle_mm.speculative_generate(target, head, ids, max_new_tokens=4, tree=TreeConfig.chain(TreeConfig.MAX_DEPTH),
-                                        return_dict_in_generate=True)
+    deep = TreeConfig.chain(TreeConfig.MAX_DEPTH)
+    out = eagle_mm.speculative_generate(target, head, ids, max_new_tokens=4, tree=deep, return_dict_in_generate=True)
     assert time.perf_counter() - t0 < 1.0
     assert torch.equal(out.sequences, ref) and out.stats.tree == TreeConfig.chain(4)
 
@@ -212,7 +210,8 @@ def test_tensor_dtype_and_shape_checked_against_the_config(tmp_path, target):
         load_head(root)
     root = _saved(tmp_path, target)
     _edit(root, **{"lm_head.weight": torch.zeros(47, 64)})
-    with pytest.raises(ValueError, match=rf"{root}: shape mismatch .* lm_head.weight: checkpoint \(47, 64\) vs head \(48, 64\)"):
+    mismatch = r"shape mismatch .* lm_head.weight: checkpoint \(47, 64\) vs head \(48, 64\)"
+    with pytest.raises(ValueError, match=rf"{root}: {mismatch}"):
         load_head(root)
 
 
@@ -257,3 +256,13 @@ def test_a_head_on_the_meta_device_is_refused_at_attach(target):
         empty = Eagle3Head(config)  # building on meta stays allowed
     with pytest.raises(ValueError, match="meta device"):
         empty.attach(target)
+
+
+def test_a_saved_head_directory_keeps_its_mode(tmp_path, target):
+    head = EagleHead.from_target(target)
+    head.save_pretrained(tmp_path / "new")
+    os.mkdir(tmp_path / "probe")  # what mkdir gives under this umask
+    assert (tmp_path / "new").stat().st_mode == (tmp_path / "probe").stat().st_mode
+    os.chmod(tmp_path / "new", 0o750)
+    head.save_pretrained(tmp_path / "new")
+    assert (tmp_path / "new").stat().st_mode & 0o777 == 0o750

@@ -5,6 +5,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 
 import pytest
 
@@ -18,7 +19,8 @@ from tests.test_train_tools import greedy_rows, one_thread, save_target, write_j
 def work(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
     model = save_target(root / "target")
-    return {"root": root, "target": str(root / "target"), "data": write_jsonl(root / "data.jsonl", greedy_rows(model, 24))}
+    data = write_jsonl(root / "data.jsonl", greedy_rows(model, 24))
+    return {"root": root, "target": str(root / "target"), "data": data}
 
 
 class _Crash(Exception):
@@ -42,8 +44,6 @@ def trained(work):
 
 def _copy_run(trained, tmp_path):
     """A private copy of the trained run, with the latest checkpoint's optimizer.bin cut short."""
-    import shutil
-
     out = tmp_path / "run"
     shutil.copytree(trained.output_dir, out)
     latest = list_checkpoints(out)[-1][1]
@@ -78,7 +78,8 @@ def test_an_unreadable_checkpoint_stops_before_anything_is_written(trained, tmp_
         train(cfg.replace(resume=str(latest)))
     earlier = list_checkpoints(cfg.output_dir)[0][1]
     (earlier / "random_states_0.pkl").write_bytes(b"PK\x03\x04 cut")
-    with pytest.raises(ValueError, match=rf"no checkpoint can be resumed: .*{optimizer}.*{earlier / 'random_states_0.pkl'}"):
+    both = rf"{optimizer}.*{earlier / 'random_states_0.pkl'}"
+    with pytest.raises(ValueError, match=rf"no checkpoint can be resumed: .*{both}"):
         train(cfg.replace(resume="auto"))
     (earlier / "random_states_0.pkl").write_bytes(before[str(earlier / "random_states_0.pkl")])
     assert _snapshot(cfg.output_dir) == before

@@ -15,7 +15,9 @@ import errno
 import logging
 import os
 import shutil
+import stat
 import tempfile
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -38,7 +40,7 @@ def atomic_dir(path, *, replaces: Callable[[Path], Iterable[str]] = lambda old: 
     """
     root = _real_dir(Path(path).expanduser())
     root.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.new-"))
+    stage = _new_dir(root)
     try:
         yield stage
         if root.exists():
@@ -55,6 +57,8 @@ def _real_dir(root: Path) -> Path:
     """``root`` with symlinks resolved (the directory they name is replaced, not the link); refuses a file."""
     try:
         real = Path(os.path.realpath(root, strict=True)) if os.path.lexists(root) else root
+    except FileNotFoundError:  # a dangling link: the directory it names is created
+        real = Path(os.path.realpath(root))
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise ValueError(f"{str(root)!r} is a symlink loop; point it at a directory or remove it") from e
@@ -62,6 +66,20 @@ def _real_dir(root: Path) -> Path:
     if real.exists() and not real.is_dir():
         raise ValueError(f"{str(root)!r} is a file; expected a directory (it is created if missing)")
     return real
+
+
+def _new_dir(root: Path) -> Path:
+    """An empty directory beside ``root`` with the mode ``root`` has (or the umask's, as ``mkdir`` gives)."""
+    while True:
+        stage = root.with_name(f".{root.name}.new-{uuid.uuid4().hex[:12]}")
+        try:
+            os.mkdir(stage)  # not mkdtemp: its 0o700 would become the head directory's mode
+            break
+        except FileExistsError:
+            continue
+    if root.is_dir():
+        os.chmod(stage, stat.S_IMODE(root.stat().st_mode))
+    return stage
 
 
 def _carry(old: Path, stage: Path, dropped: set[str]) -> None:
@@ -101,12 +119,18 @@ def _swap(stage: Path, root: Path) -> None:
             os.rename(old / root.name, root)
             old.rmdir()
             raise
-    shutil.rmtree(old, onerror=lambda fn, p, exc: logger.warning("could not remove %s: %s", p, exc[1]))
+    try:
+        shutil.rmtree(old)
+    except OSError as e:  # the new head is in place; only the old copy is left over
+        logger.warning("could not remove the replaced directory %s: %s", old, e)
 
 
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two paths atomically (Linux ``renameat2``); False where unsupported, so the caller renames twice."""
-    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    try:
+        fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    except (OSError, TypeError):  # no C library to open by name (Windows)
+        fn = None
     if fn is None:
         logger.warning("renameat2 is unavailable; replacing %s with two renames (not atomic)", b)
         return False
