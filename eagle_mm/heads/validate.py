@@ -69,10 +69,12 @@ def _read_header(file: Path) -> dict:
         with open(file, "rb") as f:
             zipped = f.read(4) == b"PK\x03\x04"
         # mmap reads the zip index, not the tensors (a legacy, non-zip pickle has to be read whole).
-        return torch.load(file, map_location="cpu", weights_only=True, mmap=zipped)
+        obj = torch.load(file, map_location="cpu", weights_only=True, mmap=zipped)
     except Exception as e:  # safetensors, zip and pickle readers raise their own types; all mean the same here
-        raise ValueError(f"cannot read {file}: {e}. The file is truncated, corrupt or unreadable: save or download "
-                         f"it again") from e
+        raise ValueError(f"cannot read {file}: {e}. A truncated or corrupt file has to be saved or downloaded "
+                         f"again") from e
+    # Anything but a state dict of tensors is the loader's error to report, with its own message.
+    return {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)} if isinstance(obj, dict) else {}
 
 
 class _Lazy:
