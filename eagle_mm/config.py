@@ -6,10 +6,13 @@ The head configs read and write the official EAGLE ``config.json`` layouts (llam
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-__all__ = ["EagleConfig", "Eagle3Config", "TreeConfig"]
+__all__ = ["EagleConfig", "Eagle3Config", "TreeConfig", "bound_tree"]
+
+logger = logging.getLogger(__name__)
 
 _ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -214,16 +217,30 @@ class TreeConfig:
     depth: draft levels below the root (the last accepted token); top_k: children expanded per frontier
     node and frontier width; total_tokens: draft nodes kept after the global rerank (root excluded).
     A chain of depth d is ``TreeConfig(depth=d, top_k=1, total_tokens=d)``.
+
+    Bounds: depth <= ``MAX_DEPTH`` (each level is one head forward per cycle, and deeper drafts are
+    almost never accepted) and total_tokens <= ``MAX_TOTAL_TOKENS`` (with the root, one verify row of at most 1024
+    nodes, what the verify kernels hold in one program). A decode also clamps the tree to what it can commit
+    (``bound_tree``).
     """
 
     depth: int = 6
     top_k: int = 8
     total_tokens: int = 48
 
+    MAX_DEPTH: ClassVar[int] = 64
+    MAX_TOTAL_TOKENS: ClassVar[int] = 1023
+
     def __post_init__(self) -> None:
         _positive_int("depth", self.depth)
         _positive_int("top_k", self.top_k)
         _positive_int("total_tokens", self.total_tokens)
+        if self.depth > self.MAX_DEPTH:
+            raise ValueError(f"tree depth={self.depth} exceeds TreeConfig.MAX_DEPTH={self.MAX_DEPTH}; use a depth of "
+                             f"at most {self.MAX_DEPTH} (drafts beyond ~10 tokens are rarely accepted)")
+        if self.total_tokens > self.MAX_TOTAL_TOKENS:
+            raise ValueError(f"total_tokens={self.total_tokens} exceeds TreeConfig.MAX_TOTAL_TOKENS="
+                             f"{self.MAX_TOTAL_TOKENS}; use at most {self.MAX_TOTAL_TOKENS} draft nodes")
         most = self.top_k + (self.depth - 1) * self.top_k * self.top_k
         if self.total_tokens > most:
             raise ValueError(
@@ -238,3 +255,15 @@ class TreeConfig:
         return cls(depth=depth, top_k=1, total_tokens=depth)
 
 
+def bound_tree(tree: TreeConfig, max_new_tokens: int) -> TreeConfig:
+    """``tree`` clamped to what a decode of ``max_new_tokens`` tokens can commit: depth <= max_new_tokens (a cycle
+    commits at most depth + 1 tokens) and total_tokens <= what that depth can hold. Logs one line when it clamps."""
+    depth = min(tree.depth, max(1, max_new_tokens))
+    if depth == tree.depth:
+        return tree
+    k = tree.top_k
+    total = depth if k == 1 else min(tree.total_tokens, k + (depth - 1) * k * k)
+    bounded = TreeConfig(depth=depth, top_k=k, total_tokens=total)
+    logger.info("draft tree %s clamped to %s: max_new_tokens=%d commits at most that deep", tree, bounded,
+                max_new_tokens)
+    return bounded

@@ -13,12 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shlex
 import sys
-import tempfile
 from pathlib import Path
-from typing import Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -26,8 +23,9 @@ from safetensors.torch import load_file, save_file
 from .arch import execution_device
 from .config import Eagle3Config, EagleConfig, TreeConfig
 from .heads import Eagle3Head, EagleHead
+from .heads.atomic import atomic_dir
 from .heads.base import DraftHead
-from .heads.io import load_head, save_head
+from .heads.io import head_files, load_head, save_head
 
 __all__ = [
     "LAYOUTS", "export_head", "load_exported", "detect_layout", "serving_command", "add_export_parser", "run_export",
@@ -78,16 +76,16 @@ def export_head(head: DraftHead, path, layout: str = "eagle", *, target_config=N
     if layout != "eagle":
         # Everything is checked before a byte is written.
         extra, changes, marker = _engine_changes(head, layout, num_layers, max_positions)
-    save_head(head, root)
-    if extra:
-        state = load_file(str(root / _WEIGHTS))
-        state.update(extra)
-        _atomic_write(root / _WEIGHTS, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-    config = _read_json(root / _CONFIG)
-    config.update(changes)
-    config[MARKER] = marker
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    _atomic_write(root / _CONFIG, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    with atomic_dir(root, replaces=head_files) as stage:
+        save_head(head, stage)
+        if extra:
+            state = load_file(str(stage / _WEIGHTS))
+            state.update(extra)
+            save_file(state, str(stage / _WEIGHTS), metadata={"format": "pt"})
+        config = _read_json(stage / _CONFIG)
+        config.update(changes)
+        config[MARKER] = marker
+        (stage / _CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     logger.info("exported %s in the %s layout to %s", type(head).__name__, layout, root)
     return root
 
@@ -367,15 +365,3 @@ def _read_json(file: Path) -> dict:
     if not isinstance(raw, dict):
         raise ValueError(f"{file} must hold a JSON object, got {type(raw).__name__}")
     return raw
-
-
-def _atomic_write(dest: Path, write: Callable[[str], object]) -> None:
-    """Write a temp file beside ``dest`` and rename it: readers see the old file or the new, never half."""
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -6,11 +6,16 @@ N the final normed output. Nothing in the model is replaced; hooks exist only in
 Index i is taken as layer i receives it: Qwen3-VL adds its deepstack image features to the output of its
 first layers before the next one reads it, and HF's ``hidden_states`` record that output before the addition.
 
+Each capture records only the forwards run by the thread that entered it: several threads may decode with one
+model at once, each capture seeing its own thread's states (a forward runs its hooks in the calling thread).
+
 A target split by a ``device_map`` hands each hook its state on the device of the layer before it; the captured
 states are gathered onto one device: ``device``, by default where the input embeddings compute (where
 ``speculative_generate`` keeps its token tensors and a head made by ``from_target`` lives).
 """
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -39,9 +44,17 @@ class FeatureCapture:
         self._handles: list = []
         self._seen: dict[int, torch.Tensor] = {}
         self._embeds: torch.Tensor | None = None
+        self._owner: int | None = None  # the thread that entered the ``with``
+
+    def _mine(self) -> bool:
+        # Traced under torch.compile (the static path's verify), the check folds away: a compiled forward is
+        # bound to its one caller's cache anyway.
+        return torch.compiler.is_compiling() or threading.get_ident() == self._owner
 
     def _pre_hook(self, idx: int):
         def hook(module, args, kwargs):
+            if not self._mine():
+                return
             state = args[0] if args else kwargs["hidden_states"]
             if idx in self.indices:
                 self._seen[idx] = state
@@ -51,9 +64,12 @@ class FeatureCapture:
         return hook
 
     def _out_hook(self, module, args, output):
+        if not self._mine():
+            return
         self._seen[self.parts.num_layers] = output[0] if isinstance(output, tuple) else output.last_hidden_state
 
     def __enter__(self) -> "FeatureCapture":
+        self._owner = threading.get_ident()
         for idx in sorted(set(self.indices) | ({0} if self.keeps_input_embeds else set())):
             if idx < self.parts.num_layers:
                 h = self.parts.layers[idx].register_forward_pre_hook(self._pre_hook(idx), with_kwargs=True)

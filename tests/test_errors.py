@@ -191,10 +191,12 @@ def test_not_a_hugging_face_model(head):
 
 
 # ---- failures after the hooks are in place ---------------------------------------------------------
-def test_failure_inside_the_target_forward_leaves_no_hooks(model, head):
-    ids = prompt(5)
-    ids[0, 2] = 10_000  # outside the vocabulary: the embedding lookup fails during the prefill
-    _fails(model, head, IndexError, "out of range", input_ids=ids)
+def test_failure_inside_the_target_forward_leaves_no_hooks(model, head, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the final norm failed")
+
+    monkeypatch.setattr(resolve_target(model).text_model.norm, "forward", broken)  # fails during the prefill
+    _fails(model, head, RuntimeError, "the final norm failed", input_ids=prompt(5))
 
 
 class _BrokenHead:

@@ -23,7 +23,7 @@ from transformers import StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ..arch import resolve_target
-from ..config import TreeConfig
+from ..config import TreeConfig, bound_tree
 from ..features import FeatureCapture
 from ..multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
     verify_positions
@@ -69,9 +69,9 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | dict | 
     if "custom_generate" in kwargs:
         raise ValueError("speculative_generate sets custom_generate itself; do not pass it")
     ids = inputs if inputs is not None else kwargs.get("input_ids")
-    _check_prompt(ids, kwargs.get("attention_mask"))
     check_attention(model)
     parts = resolve_target(model)
+    _check_prompt(ids, kwargs.get("attention_mask"), parts.vocab_size)
     if parts.is_vlm:
         check_images(parts, model.config, ids, kwargs)
     # generate() hands a custom_generate callable neither the streamer nor the tokenizer: pass the
@@ -98,13 +98,17 @@ def _stop_strings_to_criteria(model, kwargs: dict) -> None:
     kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
 
 
-def _check_prompt(ids, mask) -> None:
-    """Fail early with the shapes, before generate() fails deep inside with an index error."""
+def _check_prompt(ids, mask, vocab_size: int) -> None:
+    """Fail early with the shapes and values, before generate() fails deep inside with an index error."""
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or 0 in ids.shape:
         got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"input_ids must be a non-empty (batch, length) tensor, got {got}")
     if ids.is_floating_point() or ids.dtype == torch.bool:
         raise ValueError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"input_ids hold token ids in [{low}, {high}], outside the target's vocabulary "
+                         f"[0, {vocab_size}): encode the prompt with the target's own tokenizer")
     if mask is not None and tuple(mask.shape) != tuple(ids.shape):
         raise ValueError(f"attention_mask shape {tuple(mask.shape)} != input_ids shape {tuple(ids.shape)}")
 
@@ -136,6 +140,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         tree, autotree = _auto_tree(model, head, input_ids, mask, images, autotree_inputs)
     elif tree is None:
         tree = default_tree(input_ids.device, input_ids.shape[0])
+    tree = bound_tree(tree, gen.max_length - input_ids.shape[1])  # no deeper than what can be committed
     _check_cache_room(parts, gen.max_length - 1, tree)  # the last verify is over at most max_length - 2 slots
     head.attach(model)
     vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size

@@ -52,6 +52,11 @@ class DraftHead(nn.Module):
 
     def _check_target(self, parts: TargetParts) -> None:
         cfg = self.config
+        empty = next((n for n, p in self.named_parameters() if p.is_meta), None)
+        if empty is not None and not parts.embed.weight.is_meta:
+            raise ValueError(f"{type(self).__name__} has parameters on the meta device (no data, e.g. {empty}): load "
+                             f"its weights (load_head, from_pretrained, or load_state_dict(..., assign=True)) before "
+                             f"attaching it to a target")
         if cfg.vocab_size != parts.vocab_size:
             raise ValueError(
                 f"head vocab_size {cfg.vocab_size} does not match the target's embedding rows {parts.vocab_size}"

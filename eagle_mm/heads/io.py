@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Callable
 
 import torch
 from safetensors import safe_open
@@ -23,9 +20,11 @@ from torch import nn
 
 from ..arch import execution_device, resolve_target
 from ..config import Eagle3Config, EagleConfig
+from .atomic import atomic_dir
 from .base import DraftHead
 from .eagle import EagleHead
 from .eagle3 import Eagle3Head
+from .validate import check_head_files
 
 __all__ = ["save_head", "load_head", "load_config"]
 
@@ -51,7 +50,6 @@ def save_head(head: DraftHead, path, *, safe_serialization: bool = True) -> None
     if not isinstance(head, DraftHead):
         raise TypeError(f"save_head needs an EagleHead or Eagle3Head, got {type(head).__name__}")
     root = Path(path)
-    root.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()}
     _refuse_target_tensors(head, state)
     dtype = next(head.parameters()).dtype
@@ -59,14 +57,15 @@ def save_head(head: DraftHead, path, *, safe_serialization: bool = True) -> None
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
 
     name = SAFETENSORS_NAME if safe_serialization else TORCH_NAME
-    if safe_serialization:
-        _atomic_write(root / name, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-    else:
-        _atomic_write(root / name, lambda tmp: torch.save(state, tmp))
-    _remove_stale_weights(root, keep=name)
-    # Config last: a reader never sees a new config.json beside weights that are not written yet.
     text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    _atomic_write(root / CONFIG_NAME, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    # The whole head is written beside the old one and swapped in: a reader never sees new weights under an old
+    # config.json, and a failed save leaves the old head as it was.
+    with atomic_dir(root, replaces=head_files) as stage:
+        if safe_serialization:
+            save_file(state, stage / name, metadata={"format": "pt"})
+        else:
+            torch.save(state, stage / name)
+        (stage / CONFIG_NAME).write_text(text, encoding="utf-8")
     logger.info("saved %s (%d tensors, %s) to %s", type(head).__name__, len(state), config["torch_dtype"], root)
 
 
@@ -80,31 +79,18 @@ def _refuse_target_tensors(head: DraftHead, state: dict) -> None:
         raise RuntimeError(f"refusing to save {shared}: these tensors belong to the target model, not the head")
 
 
-def _atomic_write(dest: Path, write: Callable[[str], object]) -> None:
-    """Write through a temp file in the same directory, then rename: readers see old or new, never half."""
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _remove_stale_weights(root: Path, keep: str) -> None:
-    """Delete weight files of an earlier save in another format: the loader might prefer them over ours."""
-    stale = [n for n in (SAFETENSORS_NAME, TORCH_NAME) if n != keep]
+def head_files(root: Path) -> set[str]:
+    """Names in ``root`` that a save replaces: config.json and every weight file or index of any format."""
+    names = {CONFIG_NAME, SAFETENSORS_NAME, TORCH_NAME}
     for index_name in (SAFETENSORS_INDEX_NAME, TORCH_INDEX_NAME):
         index = root / index_name
         if index.is_file():
-            stale += [n for n in _index_map(index).values() if n != keep] + [index_name]
-    for name in dict.fromkeys(stale):
-        if (root / name).is_file():
-            logger.info("removing stale weight file %s", root / name)
-            (root / name).unlink()
+            names.add(index_name)
+            try:
+                names.update(_index_map(index).values())
+            except ValueError as e:
+                logger.warning("not dropping the shards of %s: %s", index, e)
+    return names
 
 
 # ---- config --------------------------------------------------------------------------------------
@@ -192,6 +178,7 @@ def load_head(
     dtype: the checkpoint's unless given. target: attached (its shapes checked) and, unless ``device``
     is given, the head moves to its embedding's device. strict: unexpected weight keys are an error.
     """
+    check_head_files(path)
     root = _check_dir(path)
     raw = _read_config_dict(root)
     files = _weight_files(root)

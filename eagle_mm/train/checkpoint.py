@@ -3,7 +3,9 @@
 A checkpoint is written by ``accelerator.save_state`` into a hidden temp directory beside its final place,
 completed with ``train_config.json``, the head in its ``from_pretrained`` layout (``head/``) and
 ``trainer_state.json`` (written last), then renamed into place. Readers list only ``step-*`` directories that
-hold ``trainer_state.json``, so a crash mid-write leaves the previous checkpoints as they were.
+hold ``trainer_state.json``, so a crash mid-write leaves the previous checkpoints as they were. A checkpoint whose
+files cannot be read (truncated by a full disk, say) is named at resume: ``resume="auto"`` falls back to the latest
+readable one, an explicit ``resume`` path stops with the file's name, both before anything is written.
 """
 from __future__ import annotations
 
@@ -12,13 +14,16 @@ import logging
 import os
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Callable
+
+from safetensors import safe_open
 
 from .config import TrainConfig
 
 __all__ = ["CHECKPOINTS", "STATE_NAME", "CONFIG_NAME", "list_checkpoints", "resolve_resume", "check_resumable",
-           "save_checkpoint", "write_state"]
+           "check_readable", "save_checkpoint", "write_state"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +60,52 @@ def resolve_resume(config: TrainConfig) -> Path | None:
                 f"pass resume='auto' (--resume) to continue that run, or choose another output_dir")
         return None
     if config.resume == "auto":
-        return existing[-1][1] if existing else None
+        return _latest_readable(existing) if existing else None
     path = Path(config.resume)
     if not (path / STATE_NAME).is_file():
         raise ValueError(f"resume directory {str(path)!r} is not a complete checkpoint: it has no {STATE_NAME}")
+    check_readable(path)
     return path
+
+
+def _latest_readable(existing: list[tuple[int, Path]]) -> Path:
+    problems = []
+    for _, path in reversed(existing):
+        try:
+            check_readable(path)
+        except ValueError as e:
+            logger.warning("%s; trying the checkpoint before it", e)
+            problems.append(str(e))
+            continue
+        return path
+    raise ValueError("no checkpoint can be resumed: " + "; ".join(problems) + ". Delete them to start again")
+
+
+def check_readable(path: Path) -> None:
+    """ValueError naming the first file of checkpoint ``path`` that is truncated or corrupt (read from the files'
+    indexes: safetensors headers, the zip directories of torch files, JSON)."""
+    for file in sorted(p for p in Path(path).rglob("*") if p.is_file()):
+        try:
+            _probe(file)
+        except Exception as e:  # each format's reader raises its own types; all mean "cannot be read"
+            raise ValueError(f"checkpoint {path} cannot be resumed: {file} is unreadable ({type(e).__name__}: "
+                             f"{e})") from e
+
+
+def _probe(file: Path) -> None:
+    if file.suffix == ".safetensors":
+        with safe_open(str(file), framework="pt"):
+            return
+    if file.suffix == ".json":
+        json.loads(file.read_text(encoding="utf-8"))
+        return
+    if file.suffix in (".bin", ".pt", ".pth", ".pkl"):
+        with open(file, "rb") as f:
+            head = f.read(4)
+        if head[:1] == b"\x80":  # a legacy (non-zip) torch pickle has no index to check
+            return
+        with zipfile.ZipFile(file):  # torch.save's format: a truncated file has lost its central directory
+            return
 
 
 def check_resumable(path: Path, config: TrainConfig, num_processes: int) -> dict:

@@ -84,6 +84,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     missing = [n for n in ("target", "output_dir") if n not in values]
     if missing:
         raise ValueError(f"missing required option(s): {', '.join('--' + m.replace('_', '-') for m in missing)}")
+    out = values["output_dir"]
+    if os.path.exists(out) and not os.path.isdir(out):
+        flag = "--dump-features" if args.dump_features is not None else "--output-dir"
+        raise ValueError(f"{flag} {str(out)!r} is an existing file; it must be a directory (created if missing): "
+                         f"choose another path or remove the file")
     return TrainConfig.from_dict(values)
 
 

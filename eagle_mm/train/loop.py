@@ -96,7 +96,6 @@ def train(config: TrainConfig, *, on_step=None, processor=None, target=None) -> 
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         config.save(out / "train_config.json")
-        _trim_log(out / LOG_NAME, start)
     parts = resolve_target(target)
     set_seed(config.seed)  # here, so the head's initial weights do not depend on how the target was loaded
     head = _build_head(config, target, examples)
@@ -111,9 +110,7 @@ def train(config: TrainConfig, *, on_step=None, processor=None, target=None) -> 
     objective, optimizer = acc.prepare(objective, optimizer)
     # Not prepared: accelerate would step a prepared scheduler once per process; ours counts optimizer steps.
     acc.register_for_checkpointing(scheduler)
-    if resume_dir is not None:
-        acc.load_state(str(resume_dir))
-        logger.info("resumed from %s at step %d", resume_dir, start)
+    _resume(acc, resume_dir, start, out / LOG_NAME)
 
     layers = feature_layers(config, parts.num_layers)
     result = TrainResult(out, start)
@@ -125,6 +122,19 @@ def train(config: TrainConfig, *, on_step=None, processor=None, target=None) -> 
     acc.wait_for_everyone()
     acc.end_training()
     return result
+
+
+def _resume(acc, resume_dir: Path | None, start: int, log: Path) -> None:
+    """Load the checkpoint's state; only then drop the log lines past it, so that a failed resume keeps the log."""
+    if resume_dir is not None:
+        try:
+            acc.load_state(str(resume_dir))
+        except (RuntimeError, OSError, EOFError, ValueError) as e:
+            raise ValueError(f"cannot resume from checkpoint {resume_dir}: {e}. Resume from an earlier checkpoint "
+                             f"(--resume DIR) or delete this one") from e
+        logger.info("resumed from %s at step %d", resume_dir, start)
+    if acc.is_main_process:
+        _trim_log(log, start)
 
 
 def _loop(config, acc, objective, optimizer, scheduler, plan, examples, target, layers, start, total, on_step,
