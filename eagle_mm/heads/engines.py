@@ -182,13 +182,16 @@ def _target_facts(head: DraftHead, target_config):
 
 # ---- load back ------------------------------------------------------------------------------------
 def detect_layout(config: dict) -> str:
-    """The layout of a config.json dict: our record if present, else inferred from what the engines read."""
+    """The layout of a config.json dict: our record if present, else inferred from what the engines read
+    ("eagle", "vllm", "sglang", or "speculators" for vLLM's speculators format)."""
     marker = config.get(MARKER)
     if isinstance(marker, dict):
         layout = marker.get("layout")
         if layout not in LAYOUTS:
             raise ValueError(f"{MARKER}.layout is {layout!r}; expected one of {LAYOUTS}")
         return layout
+    if "speculators_model_type" in config:  # vLLM's speculators format (heads/speculators.py) has the key too
+        return "speculators"
     if _ARCH[("sglang", "eagle")] in (config.get("architectures") or []):
         return "sglang"
     if _VLLM_AUX_KEY in config:
@@ -201,8 +204,10 @@ def load_exported(path, target=None, *, layout: str | None = None) -> DraftHead:
     """Load a head from any layout ``export_head`` writes, converting back exactly; layout: override detection."""
     root = _check_dir(path)
     raw = _read_json(root / _CONFIG)
-    layout = _check_layout(layout) if layout is not None else detect_layout(raw)
-    if layout == "eagle":
+    if layout is not None and layout not in LAYOUTS:
+        return get_layout(layout).read(root, target)
+    layout = layout or detect_layout(raw)
+    if layout in ("eagle", "speculators"):
         return load_head(root, target=target)
     if not (root / _WEIGHTS).is_file():
         raise FileNotFoundError(f"{root} has no {_WEIGHTS}; {layout} layout heads are one safetensors file")

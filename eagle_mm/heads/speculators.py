@@ -39,9 +39,8 @@ _EAGLE1_NORMS = ("embedding_layernorm.weight", "pre_lm_head_layernorm.weight", "
 def save_speculators(head: DraftHead, path, *, target_config=None) -> Path:
     """Write ``head`` in the speculators format (config.json + model.safetensors); returns the directory.
 
-    target_config: the target's HF config (or its text config); names the verifier and raises
-    ``max_position_embeddings`` to the target's, as ``speculators convert`` does. Taken from the attached
-    target when omitted.
+    target_config: the target's HF config; names the verifier and raises ``max_position_embeddings`` to the
+    target's, as ``speculators convert`` does. The attached target's (text) config when omitted.
     """
     if not isinstance(head, DraftHead):
         raise TypeError(f"save_speculators needs an EagleHead or Eagle3Head, got {type(head).__name__}")
@@ -49,7 +48,7 @@ def save_speculators(head: DraftHead, path, *, target_config=None) -> Path:
     if root.exists() and not root.is_dir():
         raise ValueError(f"output {str(root)!r} is a file; expected a directory (it is created if missing)")
     if target_config is None and head._target is not None:
-        target_config = head._target.config
+        target_config = head._target.text_config
     config = _config_dict(head, target_config)
     state = {_rename(k, head.kind, to_theirs=True): v.detach().to("cpu").contiguous()
              for k, v in head.state_dict().items()}
