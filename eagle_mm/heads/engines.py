@@ -113,6 +113,9 @@ def _engine_changes(head: DraftHead, layout: str, num_layers, max_positions):
         # Both engines give o_proj a bias whenever attention_bias is set; ours has none, so it is exactly 0.
         extra[_LAYER_PREFIX[kind] + "self_attn.o_proj.bias"] = torch.zeros(cfg.hidden_size, dtype=dtype)
     if kind == "eagle3":
+        _check_variants(cfg, layout)
+        if cfg.norm_before_residual:
+            changes["norm_before_residual"] = True  # vLLM's EAGLE-3 layer reads it from the draft config
         if layout == "sglang" and cfg.target_hidden_size != cfg.hidden_size:
             raise ValueError(
                 f"SGLang shares the target's embedding only when target_hidden_size == hidden_size "
@@ -135,6 +138,19 @@ def _engine_changes(head: DraftHead, layout: str, num_layers, max_positions):
         changes["max_position_embeddings"] = max_positions
         marker["restore"] = {"max_position_embeddings": cfg.max_position_embeddings}
     return extra, changes, marker
+
+
+# EAGLE-3 variants each engine's own layout expresses; the speculators layout expresses them all.
+_ENGINE_VARIANTS = {"vllm": ("norm_before_residual",), "sglang": ()}
+
+
+def _check_variants(cfg: Eagle3Config, layout: str) -> None:
+    unsupported = [name for name in cfg.variants() if name not in _ENGINE_VARIANTS[layout]]
+    if unsupported:
+        raise ValueError(
+            f"the {layout} layout cannot express the EAGLE-3 variant(s) {unsupported} of this head (its loader "
+            f"has no such flag); export with layout='speculators', which vLLM loads and which names every variant"
+        )
 
 
 def _check_capturable(aux, num_layers, layout: str) -> None:
