@@ -122,6 +122,24 @@ def test_serving_command_for_the_speculators_layout(tmp_path, target):
     assert '"num_speculative_tokens": 3' in cmd
 
 
+def test_cli_export_speculators(tmp_path, target, capsys):
+    import argparse
+
+    from eagle_mm.export import add_export_parser
+
+    parser = argparse.ArgumentParser(prog="eagle-mm")
+    add_export_parser(parser.add_subparsers(dest="command", required=True))
+    target.config.save_pretrained(tmp_path / "target")  # config only: the exporter reads no target weights
+    args = parser.parse_args(["export", str(OFFICIAL), "--layout", "speculators", "--output", str(tmp_path / "out"),
+                              "--target", str(tmp_path / "target"), "--depth", "4"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert f"vllm serve {tmp_path / 'target'} --speculative-config" in out and '"num_speculative_tokens": 4' in out
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == str(tmp_path / "target")
+    _same_state(load_file(tmp_path / "out" / "model.safetensors"), load_file(CONVERTED / "model.safetensors"))
+
+
 # ---- the reference converter itself -----------------------------------------------------------------
 needs_venv = pytest.mark.skipif(not (ref.VENV / "bin" / "speculators").exists(),
                                 reason=f"no speculators venv at {ref.VENV} (see tests/speculators_reference.py)")

@@ -48,7 +48,8 @@ class TrainConfig:
     # ---- head ----
     draft_vocab_size: int | None = _help("EAGLE-3 draft vocabulary: the most frequent training tokens "
                                          "(default min(32000, target vocab))", default=None)
-    aux_layers: tuple[int, ...] | None = _help("EAGLE-3 target hidden_states indices (default 2, N//2, N-3)",
+    aux_layers: tuple[int, ...] | None = _help("EAGLE-3 target hidden_states indices (default 2, N//2, N-3; "
+                                               "1, N//2, N-1 on 4-6 layers, where those collide)",
                                                default=None)
     image_embeds: bool = _help("with a vision-language target, the head reads the merged image embeddings at image "
                                "positions; --no-image-embeds hides them (the placeholder token's embedding "
