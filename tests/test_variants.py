@@ -148,3 +148,16 @@ def test_trains_with_the_flags(tmp_path, flags):
     assert all(not torch.equal(w, torch.ones_like(w)) for w in norms)  # the variant's own norms learned
     with pytest.raises(ValueError, match=r"\['fc_norm'\] are EAGLE-3 head variants; kind='eagle'"):
         TrainConfig(target="t", output_dir="o", data="d", kind="eagle", fc_norm=True)
+
+
+@pytest.mark.parametrize("layout", ["eagle", "vllm", "speculators"])
+def test_target_hidden_size_round_trips(tmp_path, layout):
+    """A head fusing features of a wider target (3 * 96 -> 64) keeps its fc width through every layout."""
+    config = em.Eagle3Config(hidden_size=H, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                             vocab_size=96, draft_vocab_size=48, target_hidden_size=96, aux_layers=(1, 3, 4))
+    head = em.Eagle3Head(config).to(torch.bfloat16)
+    with torch.no_grad():
+        head.fc.weight.normal_()
+    assert head.fc.in_features == 3 * 96
+    export_head(head, tmp_path, layout)
+    _same(em.load_head(tmp_path), head)

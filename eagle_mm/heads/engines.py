@@ -353,7 +353,8 @@ def _read_json(file: Path) -> dict:
 
 
 def _read_engine_layout(path, target=None, *, dtype=None, device=None, strict: bool = True) -> DraftHead:
-    """The registered reader: ``load_exported`` then the load options every layout takes."""
+    """The registered reader: ``load_exported`` then the load options every layout takes. An engine layout is
+    always read strictly (``strict`` is accepted for the common signature): an unknown tensor is an error."""
     head = load_exported(path, target)
     if dtype is not None:
         head.to(dtype=getattr(torch, dtype.removeprefix("torch.")) if isinstance(dtype, str) else dtype)
