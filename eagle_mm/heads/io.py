@@ -1,4 +1,5 @@
-"""Draft-head checkpoints: save in the official EAGLE layouts, load ours and the official ones.
+"""Draft-head checkpoints: save in the official EAGLE layouts, load ours, the official ones and, through the
+layout registry (heads/base.py), every other registered layout (heads/engines.py, heads/speculators.py).
 
 On disk a head is what the official EAGLE / EAGLE-3 releases ship (and vLLM and SGLang read):
 ``config.json`` with llama-style fields plus ``model.safetensors`` with the head's own tensors under
