@@ -1,6 +1,7 @@
 """Head structure: shapes, shared target parts, rotary settings, the reduced draft vocabulary."""
 from __future__ import annotations
 
+import json
 import pytest
 import torch
 
@@ -123,8 +124,16 @@ def test_engine_export_refuses_colliding_aux_layers(tmp_path):
 
     model = tiny_model("llama")
     head = em.Eagle3Head.from_target(model, aux_layers=(2, 3, 3))
-    with pytest.raises(ValueError, match=r"aux layers \(2, 3, 3\) name a hidden state twice.*e\.g\. \(1, 3, 5\)"):
-        export_head(head, tmp_path / "out", "vllm")
+    for layout in ("vllm", "sglang", "speculators"):
+        with pytest.raises(ValueError, match=r"aux layers \(2, 3, 3\) name a hidden state twice.*e\.g\. \(1, 3, 5\)"):
+            export_head(head, tmp_path / "out", layout, target_config=model.config)
+    # Without ids, a 6-layer target gets ours written out: the engines' own default (2, 3, 3) collides there.
+    fresh = em.Eagle3Head(head.config.replace(aux_layers=None))
+    export_head(fresh, tmp_path / "spec", "speculators", target_config=model.config)
+    export_head(fresh, tmp_path / "vllm", "vllm", target_config=model.config)
+    for name in ("spec", "vllm"):
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        assert config["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
 
 
 def test_heads_and_export_import_without_cycles():

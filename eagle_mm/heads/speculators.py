@@ -89,10 +89,24 @@ def _config_dict(head: DraftHead, target_config) -> dict:
     if kind == "eagle":
         out.update(transformer_layer_architecture="LlamaDecoderLayer", layernorms=False, fusion_bias=cfg.bias)
         return out
+    aux = _aux_ids(cfg, getattr(text, "num_hidden_layers", None))
     out.update(draft_vocab_size=cfg.draft_vocab_size, target_hidden_size=cfg.target_hidden_size,
-               eagle_aux_hidden_state_layer_ids=list(cfg.aux_layers) if cfg.aux_layers is not None else None,
+               eagle_aux_hidden_state_layer_ids=list(aux) if aux is not None else None,
                embed_requires_grad=False, **{name: getattr(cfg, name) for name in Eagle3Config.VARIANTS})
     return out
+
+
+def _aux_ids(cfg: Eagle3Config, num_layers: int | None):
+    """The ids to write: the head's own, or for a 4-6 layer target our default (the format's own default,
+    the official (2, N//2, N-3), collides there)."""
+    aux = cfg.aux_layers
+    if aux is None and num_layers is not None and 4 <= num_layers <= 6:
+        aux = Eagle3Config.default_aux_layers(num_layers)
+    if aux is not None and len(set(aux)) != len(aux):
+        raise ValueError(f"aux layers {tuple(aux)} name a hidden state twice; the speculators format (and vLLM's "
+                         f"capture) needs three distinct indices, e.g. "
+                         f"{Eagle3Config.default_aux_layers(num_layers) if num_layers and num_layers >= 4 else (1, 2, 3)}")
+    return aux
 
 
 def _rename(key: str, kind: str, *, to_theirs: bool) -> str:
