@@ -30,9 +30,9 @@ def target():
     return tiny_model("llama", **TARGET)
 
 
-def official_head(model) -> em.Eagle3Head:
+def official_head(model, **flags) -> em.Eagle3Head:
     """A bf16 head with random weights (norms too), a permuted reduced vocabulary and custom aux layers."""
-    head = em.Eagle3Head.from_target(model, aux_layers=AUX, draft_vocab_size=DRAFT_V)
+    head = em.Eagle3Head.from_target(model, aux_layers=AUX, draft_vocab_size=DRAFT_V, **flags)
     head.set_draft_vocab(torch.randperm(V, generator=torch.Generator().manual_seed(3))[:DRAFT_V])
     gen = torch.Generator().manual_seed(4)
     with torch.no_grad():
@@ -41,9 +41,10 @@ def official_head(model) -> em.Eagle3Head:
     return head.to(torch.bfloat16)
 
 
-def convert(head_dir: Path, target_dir: Path, out: Path) -> None:
-    """Run `speculators convert` (the reference writer) on local directories."""
-    kwargs = json.dumps({"eagle_aux_hidden_state_layer_ids": list(AUX)})
+def convert(head_dir: Path, target_dir: Path, out: Path, **flags) -> None:
+    """Run `speculators convert` (the reference writer) on local directories; flags: its EAGLE-3 variant
+    options (norm_before_residual, norm_output: those its converter carries over with no extra weights)."""
+    kwargs = json.dumps({"eagle_aux_hidden_state_layer_ids": list(AUX), **flags})
     subprocess.run(
         [str(VENV / "bin" / "speculators"), "convert", str(head_dir), "--algorithm", "eagle3",
          "--verifier", str(target_dir), "--output-path", str(out), "--algorithm-kwargs", kwargs],
@@ -51,13 +52,13 @@ def convert(head_dir: Path, target_dir: Path, out: Path) -> None:
     )
 
 
-def build(root: Path) -> tuple[Path, Path, Path]:
+def build(root: Path, **flags) -> tuple[Path, Path, Path]:
     """(target dir, official head dir, converted dir) under ``root``, converted by the real converter."""
     model = target()
     paths = root / "target", root / "official", root / "converted"
     model.save_pretrained(paths[0])
-    official_head(model).save_pretrained(paths[1])
-    convert(paths[1], paths[0], paths[2])
+    official_head(model, **flags).save_pretrained(paths[1])
+    convert(paths[1], paths[0], paths[2], **flags)
     return paths
 
 

@@ -147,10 +147,11 @@ needs_venv = pytest.mark.skipif(not (ref.VENV / "bin" / "speculators").exists(),
 
 @pytest.mark.slow
 @needs_venv
-def test_real_converter_round_trip(tmp_path):
+@pytest.mark.parametrize("flags", [{}, {"norm_before_residual": True, "norm_output": True}], ids=["official", "variants"])
+def test_real_converter_round_trip(tmp_path, flags):
     """Convert with `speculators convert`; our load equals the official one, our export equals the
     converter's files, and speculators' Eagle3SpeculatorConfig reads our export."""
-    target_dir, official_dir, converted_dir = ref.build(tmp_path)
+    target_dir, official_dir, converted_dir = ref.build(tmp_path, **flags)
     model = ref.target()
     official = em.load_head(official_dir, target=model)
     converted = em.load_head(converted_dir, target=model)
@@ -168,7 +169,10 @@ def test_real_converter_round_trip(tmp_path):
     read = ("import json, sys; from speculators.models.eagle3 import Eagle3SpeculatorConfig as C; "
             "c = C.from_pretrained(sys.argv[1]); t = c.transformer_layer_config; "
             "print(json.dumps([c.draft_vocab_size, c.eagle_aux_hidden_state_layer_ids, c.target_hidden_size, "
-            "t.hidden_size, t.vocab_size, t.num_key_value_heads, c.speculators_config.algorithm]))")
+            "t.hidden_size, t.vocab_size, t.num_key_value_heads, c.speculators_config.algorithm, "
+            "c.norm_before_residual, c.norm_output]))")
     out = subprocess.run([str(ref.VENV / "bin" / "python"), "-c", read, str(ours)], check=True, capture_output=True,
                          text=True, timeout=300).stdout
-    assert json.loads(out.strip().splitlines()[-1]) == [ref.DRAFT_V, list(ref.AUX), 32, 32, 96, 1, "eagle3"]
+    variants = [bool(flags.get("norm_before_residual")), bool(flags.get("norm_output"))]
+    assert json.loads(out.strip().splitlines()[-1]) == [ref.DRAFT_V, list(ref.AUX), 32, 32, 96, 1, "eagle3", *variants]
+    assert official.config.variants() == tuple(sorted(flags, key=em.Eagle3Config.VARIANTS.index))
