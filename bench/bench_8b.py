@@ -24,6 +24,8 @@ to --out. Results are written to --out after every measurement, so a timeout sti
 
     PYTHONPATH=. python bench/bench_8b.py --out 8b.json --profile   # the H200 run
     PYTHONPATH=. python bench/bench_8b.py --tiny --out tiny.json    # a tiny model on CPU (inductor), seconds
+    PYTHONPATH=. python bench/bench_8b.py --qwen05b --modes generate_eager ours_default --accept 3 --chain
+                                                                    # the memory-bound CPU case
 """
 from __future__ import annotations
 
@@ -52,6 +54,8 @@ def log(msg: str) -> None:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="a tiny Llama on CPU (fp32) instead of the 8B shape")
+    p.add_argument("--qwen05b", action="store_true",
+                   help="a Qwen2.5-0.5B-shaped target on CPU (fp32): the memory-bound CPU case")
     p.add_argument("--accept", type=float, nargs="+", default=[1, 2, 3, 4, 5], help="forced mean tokens per cycle")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--prompt-len", type=int, default=32)
@@ -93,7 +97,11 @@ def build(args, device):
     """(target, EAGLE-3 head) on ``device``."""
     import eagle_mm
 
-    if args.tiny:
+    if args.qwen05b:
+        from shapes import random_qwen05b_target
+
+        target = random_qwen05b_target()
+    elif args.tiny:
         from transformers import LlamaConfig, LlamaForCausalLM
 
         cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -255,7 +263,7 @@ def main(argv=None) -> dict:
     import eagle_mm
     import transformers
 
-    device = torch.device("cpu" if args.tiny else "cuda")
+    device = torch.device("cpu" if args.tiny or args.qwen05b else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_8b.py needs a CUDA GPU (or --tiny for the CPU smoke run)")
     if args.tiny:
@@ -263,7 +271,8 @@ def main(argv=None) -> dict:
     depth = max(args.depth, min_depth(max(args.accept)))
     tree = (eagle_mm.TreeConfig.chain(depth) if args.chain
             else eagle_mm.TreeConfig(depth=depth, top_k=args.top_k, total_tokens=args.total_tokens))
-    log(f"building the {'tiny' if args.tiny else '8B-shaped'} target and head on {device}")
+    shape = "tiny" if args.tiny else "Qwen2.5-0.5B-shaped" if args.qwen05b else "8B-shaped"
+    log(f"building the {shape} target and head on {device}")
     target, head = build(args, device)
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
             "tiny": args.tiny, "layers": target.config.num_hidden_layers, "dtype": str(target.dtype),

@@ -24,6 +24,21 @@ def random_8b_target(layers: int = 32):
         torch.set_default_dtype(default)
 
 
+# Qwen2.5-0.5B's text config (its lm_head untied here: ``make_peaked`` needs its own rows).
+SHAPE_QWEN05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                     intermediate_size=4864, vocab_size=151936, rope_theta=1000000.0, max_position_embeddings=32768)
+
+
+def random_qwen05b_target():
+    """A random-init Qwen2.5-0.5B-shaped target in fp32 on the CPU, frozen: 2.5 GB of weights per forward."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(**SHAPE_QWEN05B, tie_word_embeddings=False)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(cfg).eval().requires_grad_(False)
+
+
 @torch.no_grad()
 def make_peaked(model, *, embed_scale: float = 100.0, logit_scale: float = 0.125, seed: int = 0) -> None:
     """Rearrange a random Llama's embeddings and lm_head (in place) so that greedy decoding follows a fixed random

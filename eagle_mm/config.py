@@ -14,7 +14,9 @@ __all__ = ["EagleConfig", "Eagle3Config", "TreeConfig", "bound_tree"]
 
 logger = logging.getLogger(__name__)
 
-_ROPE_TYPES = ("default", "linear", "llama3")
+# "mrope": a VLM head's multimodal RoPE (Qwen2-VL family), frequencies as "default". The head is given 1D
+# positions; with the three axes equal, as at every text position, M-RoPE is exactly that 1D RoPE.
+_ROPE_TYPES = ("default", "linear", "llama3", "mrope")
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -124,7 +126,9 @@ class _HeadConfigBase:
         if theta is not None:
             kw["rope_theta"] = float(theta)
         scaling = d.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"} or None)
-        if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        # Kept when it changes the frequencies, or names M-RoPE sections (VLM heads), so a save writes it back.
+        if scaling and (scaling.get("rope_type", scaling.get("type", "default")) != "default"
+                        or "mrope_section" in scaling):
             kw["rope_scaling"] = dict(scaling)
         return kw
 
@@ -157,18 +161,37 @@ class Eagle3Config(_HeadConfigBase):
     """EAGLE-3 head: ``fc`` fuses three target hidden states, one decoder layer, own draft-vocab ``lm_head``.
 
     ``aux_layers`` are HF ``hidden_states`` indices of the target (0 = the input embeddings);
-    ``None`` means the default ``(2, N//2, N-3)`` once the target's layer count ``N`` is known.
+    ``None`` means ``default_aux_layers(N)`` (the official ``(2, N//2, N-3)`` unless those collide) once the
+    target's layer count ``N`` is known.
     ``eagle_config.eagle_aux_hidden_state_layer_ids`` in a config.json is read as such indices. SGLang and
-    SpecForge read the same key as "output of layer i" (= index i + 1): ``eagle_mm.export`` converts when
-    writing their layout; docs/serving.md has the table.
+    SpecForge read the same key as "output of layer i" (= index i + 1): ``eagle_mm.heads.engines`` converts
+    when writing their layout; docs/serving.md has the table.
     """
 
     draft_vocab_size: int | None = None
     target_hidden_size: int | None = None
     aux_layers: tuple[int, ...] | None = None
+    # Variants of the EAGLE-3 head in circulation (the names of vLLM's speculators format; all off in the
+    # official head). norm_before_residual: the residual around attention is hidden_norm(h), not h.
+    norm_before_residual: bool = False
+    # norm_before_fc: one RMSNorm over the concatenated target features (3T wide) before fc (gpt-oss heads).
+    norm_before_fc: bool = False
+    # fc_norm: one RMSNorm per target feature (T wide each) before the concatenation and fc.
+    fc_norm: bool = False
+    # norm_output: the head feeds back norm(h) instead of h when drafting deeper, and logits = lm_head(norm(h))
+    # as usual (EAGLE 3.1).
+    norm_output: bool = False
+
+    VARIANTS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for name in self.VARIANTS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.norm_before_fc and self.fc_norm:
+            raise ValueError("norm_before_fc (one norm over the concatenated features) and fc_norm (one norm per "
+                             "feature) exclude each other; set at most one")
         if self.draft_vocab_size is None:
             self.draft_vocab_size = self.vocab_size
         _positive_int("draft_vocab_size", self.draft_vocab_size)
@@ -186,10 +209,16 @@ class Eagle3Config(_HeadConfigBase):
 
     @staticmethod
     def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
-        """The official choice: low, middle and high hidden states of an ``num_layers``-layer target."""
+        """Low, middle and high hidden states of an ``num_layers``-layer target: the official ``(2, N//2, N-3)``.
+
+        On targets of 4 to 6 layers the official indices collide (6 layers: 2, 3, 3), and the official capture
+        then fails on the fc width; there the default is ``(1, N//2, N-1)`` instead (6 layers: 1, 3, 5),
+        three distinct indices that vLLM and SGLang can capture too.
+        """
         if num_layers < 4:
             raise ValueError(f"default EAGLE-3 aux layers need a target with >= 4 layers, got {num_layers}; pass aux_layers")
-        return (2, num_layers // 2, num_layers - 3)
+        official = (2, num_layers // 2, num_layers - 3)
+        return official if len(set(official)) == 3 else (1, num_layers // 2, num_layers - 1)
 
     def to_dict(self) -> dict:
         d = self._llama_fields()
@@ -198,7 +227,14 @@ class Eagle3Config(_HeadConfigBase):
         d["target_hidden_size"] = self.target_hidden_size
         if self.aux_layers is not None:
             d["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers)}
+        for name in self.VARIANTS:  # the official layout has no such keys; an official head needs none
+            if getattr(self, name):
+                d[name] = True
         return d
+
+    def variants(self) -> tuple[str, ...]:
+        """Names of the variant flags this head sets (empty for the official EAGLE-3 head)."""
+        return tuple(name for name in self.VARIANTS if getattr(self, name))
 
     @classmethod
     def from_dict(cls, d: dict) -> "Eagle3Config":
@@ -207,6 +243,7 @@ class Eagle3Config(_HeadConfigBase):
         kw["target_hidden_size"] = d.get("target_hidden_size")
         aux = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         kw["aux_layers"] = tuple(aux) if aux is not None else None
+        kw.update({name: d[name] for name in cls.VARIANTS if d.get(name) is not None})
         return cls(**kw)
 
 

@@ -275,7 +275,7 @@ def test_cli_export_prints_command(target, tmp_path, capsys):
 def test_cli_errors_say_what_to_do(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         _parser().parse_args(["export", str(tmp_path), "--layout", "onnx", "--output", str(tmp_path / "o")])
-    assert exc.value.code == 2 and "choose from 'eagle', 'vllm', 'sglang'" in capsys.readouterr().err
+    assert exc.value.code == 2 and "choose from 'eagle', 'vllm', 'sglang', 'speculators'" in capsys.readouterr().err
     args = _parser().parse_args(["export", str(tmp_path / "nope"), "--layout", "vllm", "--output", str(tmp_path / "o")])
     assert run_export(args) == 2
     assert "does not exist; pass a directory written by save_pretrained" in capsys.readouterr().err

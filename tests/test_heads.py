@@ -1,6 +1,7 @@
 """Head structure: shapes, shared target parts, rotary settings, the reduced draft vocabulary."""
 from __future__ import annotations
 
+import json
 import pytest
 import torch
 
@@ -81,3 +82,84 @@ def test_eagle3_feedback_bypasses_fc():
         mask = torch.zeros(1, 1, 3, 3)
         out, logits, _ = head.step(e, h, torch.arange(3)[None], mask, None)
     assert torch.isfinite(out).all() and torch.isfinite(logits).all()
+
+
+# ---- RoPE frequencies, default aux layers, the heads' imports ------------------------------------------
+@pytest.mark.parametrize("head_dim, params", [
+    (64, {"rope_type": "default", "rope_theta": 500000.0}),
+    (128, {"rope_type": "default", "rope_theta": 1000000.0}),
+    (64, {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}),
+    (128, {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+])
+def test_rope_inv_freq_is_transformers_bit_for_bit(head_dim, params):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from eagle_mm.heads.layers import rope_inv_freq
+
+    theirs = LlamaRotaryEmbedding(LlamaConfig(hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim,
+                                              rope_parameters=params)).inv_freq
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    ours = rope_inv_freq(head_dim, params["rope_theta"], scaling)
+    assert ours.dtype == theirs.dtype == torch.float32
+    assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("layers, expected", [(4, (1, 2, 3)), (5, (1, 2, 4)), (6, (1, 3, 5)), (7, (2, 3, 4)),
+                                              (32, (2, 16, 29))])
+def test_default_aux_layers_are_distinct(layers, expected):
+    """The official (2, N//2, N-3) where its indices differ; on 4-6 layers, where they collide, (1, N//2, N-1)."""
+    assert em.Eagle3Config.default_aux_layers(layers) == expected
+    model = tiny_model("llama", num_hidden_layers=layers)
+    head = em.Eagle3Head.from_target(model)
+    assert head.config.aux_layers == expected and head.fc.in_features == 3 * 64
+    ids = prompt(6)
+    ref = model.generate(ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(em.speculative_generate(model, head, input_ids=ids, max_new_tokens=6), ref)
+
+
+def test_engine_export_refuses_colliding_aux_layers(tmp_path):
+    from eagle_mm.export import export_head
+
+    model = tiny_model("llama")
+    head = em.Eagle3Head.from_target(model, aux_layers=(2, 3, 3))
+    for layout in ("vllm", "sglang", "speculators"):
+        with pytest.raises(ValueError, match=r"aux layers \(2, 3, 3\) name a hidden state twice.*e\.g\. \(1, 3, 5\)"):
+            export_head(head, tmp_path / "out", layout, target_config=model.config)
+    # Without ids, a 6-layer target gets ours written out: the engines' own default (2, 3, 3) collides there.
+    fresh = em.Eagle3Head(head.config.replace(aux_layers=None))
+    export_head(fresh, tmp_path / "spec", "speculators", target_config=model.config)
+    export_head(fresh, tmp_path / "vllm", "vllm", target_config=model.config)
+    for name in ("spec", "vllm"):
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        assert config["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
+
+
+def test_heads_and_export_import_without_cycles():
+    """Every import among eagle_mm.heads.* and eagle_mm.export, function-level (lazy) ones included, points one way."""
+    import ast
+    from pathlib import Path
+
+    pkg = Path(em.__file__).parent
+    files = {f"eagle_mm.heads.{p.stem}": p for p in (pkg / "heads").glob("*.py") if p.stem != "__init__"}
+    files["eagle_mm.export"] = pkg / "export.py"
+    edges = {}
+    for name, path in files.items():
+        package = name.rsplit(".", 1)[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+                module = ".".join(x for x in (base, node.module) if x)
+                found |= {m for m in (module, *(f"{module}.{a.name}" for a in node.names)) if m in files}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name in files}
+        edges[name] = found - {name}
+
+    def reaches(start, goal, seen=()):
+        return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in edges[start])
+
+    cycles = sorted(name for name in edges if reaches(name, name))
+    assert not cycles, {name: sorted(edges[name]) for name in cycles}
+    assert "eagle_mm.heads.io" not in edges["eagle_mm.heads.base"]

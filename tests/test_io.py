@@ -354,12 +354,6 @@ def test_non_llama_model_type_is_not_a_head(tmp_path):
         load_head(write_ckpt(tmp_path, config, weights))
 
 
-def test_speculators_layout_is_refused(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"]}))
-    with pytest.raises(ValueError, match=r"speculators layout .*'eagle3'"):
-        load_config(tmp_path)
-
-
 def test_missing_directory_config_and_weights(tmp_path):
     gone = tmp_path / "no_such_head"
     with pytest.raises(FileNotFoundError, match=re.escape(str(gone))):

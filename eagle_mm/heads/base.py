@@ -1,11 +1,80 @@
-"""What both head kinds share: attaching to a target, the step signature, id mapping."""
+"""What both head kinds share: attaching to a target, the step signature, id mapping; the registries.
+
+Two registries cut the import cycle between the head classes and the checkpoint code (as PEFT's
+``register_peft_method`` does): a head class registers its ``kind`` (``register_head_kind``), and each on-disk
+layout registers how it is written and read (``register_layout``). The checkpoint modules (heads/io.py,
+heads/engines.py, heads/speculators.py) import this module, never the other way round; importing
+``eagle_mm.heads`` imports them all, so the registries are full before any head is saved or loaded.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
 
 from ..arch import TargetParts, execution_device, resolve_target
 from .layers import rope_cos_sin, rope_inv_freq
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One on-disk layout of a head.
+
+    write(head, path, **options) writes it; read(path, target=None, *, dtype, device, strict) reads it back.
+    ``claims(config_dict)`` tells a config.json of this layout; the official "eagle" layout is what no other
+    layout claims, and its reader hands a directory another layout claims to that layout's reader.
+    """
+
+    name: str
+    write: Callable
+    read: Callable
+    claims: Callable[[dict], bool]
+    # config(config_dict, root) -> the head config, for layouts whose config.json is not the official one.
+    config: Callable[[dict, object], object] | None = None
+
+
+_KINDS: dict[str, type] = {}
+_LAYOUTS: dict[str, Layout] = {}
+
+
+def register_head_kind(cls: type) -> type:
+    """Class decorator: make ``cls`` the head class built for checkpoints of kind ``cls.kind``."""
+    if not cls.kind or cls.kind in _KINDS:
+        raise ValueError(f"{cls.__name__}.kind must be a new non-empty name; registered: {sorted(_KINDS)}")
+    _KINDS[cls.kind] = cls
+    return cls
+
+
+def head_class(kind: str) -> type:
+    """The head class registered for ``kind`` ("eagle" or "eagle3")."""
+    if kind not in _KINDS:
+        raise ValueError(f"unknown head kind {kind!r}; expected one of {sorted(_KINDS)}")
+    return _KINDS[kind]
+
+
+def register_layout(layout: Layout) -> None:
+    if layout.name in _LAYOUTS:
+        raise ValueError(f"layout {layout.name!r} is registered already")
+    _LAYOUTS[layout.name] = layout
+
+
+def get_layout(name: str) -> Layout:
+    """The registered layout called ``name``."""
+    if name not in _LAYOUTS:
+        raise ValueError(f"unknown layout {name!r}; expected one of {', '.join(_LAYOUTS)}")
+    return _LAYOUTS[name]
+
+
+def layout_names() -> tuple[str, ...]:
+    """Names of the registered layouts, the official "eagle" first."""
+    return tuple(_LAYOUTS)
+
+
+def claiming_layout(config: dict) -> Layout | None:
+    """The non-official layout whose config fields ``config`` has, or None for the official layout."""
+    return next((lay for lay in _LAYOUTS.values() if lay.name != "eagle" and lay.claims(config)), None)
 
 
 class DraftHead(nn.Module):
@@ -81,13 +150,11 @@ class DraftHead(nn.Module):
         """HF ``hidden_states`` indices this head reads from a target with ``num_layers`` layers."""
         raise NotImplementedError
 
-    # ---- checkpoints (layouts live in heads/io.py) ----------------------------------------------
+    # ---- checkpoints (the layouts register themselves; see the module docstring) ------------------
     @classmethod
     def from_pretrained(cls, path, target: nn.Module | None = None, **kwargs) -> "DraftHead":
-        """Load a head saved by ``save_pretrained`` or in an official EAGLE layout."""
-        from .io import load_head
-
-        head = load_head(path, target=target, **kwargs)
+        """Load a head in any layout ``save_pretrained`` writes, an official EAGLE release or a speculators head."""
+        head = get_layout("eagle").read(path, target=target, **kwargs)
         if cls is not DraftHead and not isinstance(head, cls):
             raise ValueError(f"{path} holds a {type(head).__name__} checkpoint, not a {cls.__name__}")
         return head
@@ -95,18 +162,10 @@ class DraftHead(nn.Module):
     def save_pretrained(self, path, *, layout: str = "eagle", **kwargs) -> None:
         """Write config.json and model.safetensors with the head's own weights only.
 
-        layout: "eagle" (official EAGLE), "vllm" or "sglang" (what that engine loads; see docs/serving.md).
+        layout: "eagle" (official EAGLE), "vllm", "sglang" (what that engine loads) or "speculators" (vLLM's
+        speculators format); docs/serving.md tables them.
         """
-        if layout != "eagle":
-            from ..export import export_head
-
-            if kwargs:
-                raise TypeError(f"save_pretrained(layout={layout!r}) takes no options {sorted(kwargs)}")
-            export_head(self, path, layout)
-            return
-        from .io import save_head
-
-        save_head(self, path, **kwargs)
+        get_layout(layout).write(self, path, **kwargs)
 
     # ---- pieces of a draft step ------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

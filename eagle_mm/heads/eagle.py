@@ -11,7 +11,7 @@ from torch import nn
 
 from ..arch import execution_device
 from ..config import EagleConfig
-from .base import DraftHead
+from .base import DraftHead, register_head_kind
 from .layers import MLP, Attention, RMSNorm
 
 __all__ = ["EagleHead"]
@@ -33,6 +33,7 @@ class _EagleLayer(nn.Module):
         return x, kv
 
 
+@register_head_kind
 class EagleHead(DraftHead):
     kind = "eagle"
 

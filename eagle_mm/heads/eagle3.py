@@ -2,7 +2,8 @@
 
 fc fuses three target hidden states (3T -> H, no bias). The decoder layer attends over
 cat(input_layernorm(embed), hidden_norm(h)) (2H wide q/k/v) with the residual on h; then ``norm`` and
-an own ``lm_head`` over a reduced draft vocabulary. ``d2t[i]`` is the offset from draft id i to its
+an own ``lm_head`` over a reduced draft vocabulary. The variant flags of ``Eagle3Config``
+(norm_before_residual, norm_before_fc, fc_norm, norm_output) add the norms their names say. ``d2t[i]`` is the offset from draft id i to its
 target id; ``t2d`` marks the target ids that are in the draft vocabulary.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from torch import nn
 
 from ..arch import execution_device
 from ..config import Eagle3Config
-from .base import DraftHead
+from .base import DraftHead, register_head_kind
 from .layers import MLP, Attention, RMSNorm
 
 __all__ = ["Eagle3Head"]
@@ -21,6 +22,7 @@ __all__ = ["Eagle3Head"]
 class _Eagle3Layer(nn.Module):
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
+        self.norm_before_residual = cfg.norm_before_residual
         self.self_attn = Attention(cfg, 2 * cfg.hidden_size)
         self.mlp = MLP(cfg)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -28,13 +30,17 @@ class _Eagle3Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, embeds, h, cos, sin, mask, past):
-        x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(h)), dim=-1)  # (B, Q, 2H)
+        normed = self.hidden_norm(h)
+        if self.norm_before_residual:
+            h = normed  # the residual around attention starts from the normed state
+        x = torch.cat((self.input_layernorm(embeds), normed), dim=-1)  # (B, Q, 2H)
         attn, kv = self.self_attn(x, cos, sin, mask, past)
         h = h + attn
         h = h + self.mlp(self.post_attention_layernorm(h))
         return h, kv
 
 
+@register_head_kind
 class Eagle3Head(DraftHead):
     kind = "eagle3"
 
@@ -43,7 +49,12 @@ class Eagle3Head(DraftHead):
             raise TypeError(f"Eagle3Head needs an Eagle3Config, got {type(config).__name__}")
         super().__init__(config, target=None)
         H = config.hidden_size
-        self.fc = nn.Linear(3 * config.target_hidden_size, H, bias=False)
+        T = config.target_hidden_size
+        if config.norm_before_fc:
+            self.input_norm = RMSNorm(3 * T, config.rms_norm_eps)
+        if config.fc_norm:
+            self.fc_norm = nn.ModuleList([RMSNorm(T, config.rms_norm_eps) for _ in range(3)])
+        self.fc = nn.Linear(3 * T, H, bias=False)
         self.midlayer = _Eagle3Layer(config)
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self.lm_head = nn.Linear(H, config.draft_vocab_size, bias=False)
@@ -111,7 +122,12 @@ class Eagle3Head(DraftHead):
         self.t2d[ids] = True
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        return self.fc(features.to(self.fc.weight.dtype))  # (B, Q, 3T) -> (B, Q, H)
+        x = features.to(self.fc.weight.dtype)  # (B, Q, 3T)
+        if self.config.norm_before_fc:
+            x = self.input_norm(x)
+        if self.config.fc_norm:
+            x = torch.cat([norm(part) for norm, part in zip(self.fc_norm, x.chunk(3, dim=-1))], dim=-1)
+        return self.fc(x)  # (B, Q, H)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
@@ -119,5 +135,8 @@ class Eagle3Head(DraftHead):
     def step(self, embeds, hidden, position_ids, mask, past):
         cos, sin = self.rope(position_ids)
         out, kv = self.midlayer(embeds, hidden, cos, sin, mask, past)
-        logits = self.lm_head(self.norm(out)).float()  # (B, Q, V_draft)
+        normed = self.norm(out)
+        if self.config.norm_output:
+            out = normed  # fed back normed when drafting deeper
+        logits = self.lm_head(normed).float()  # (B, Q, V_draft)
         return out, logits, kv

@@ -1,4 +1,5 @@
-"""Draft-head checkpoints: save in the official EAGLE layouts, load ours and the official ones.
+"""Draft-head checkpoints: save in the official EAGLE layouts, load ours, the official ones and, through the
+layout registry (heads/base.py), every other registered layout (heads/engines.py, heads/speculators.py).
 
 On disk a head is what the official EAGLE / EAGLE-3 releases ship (and vLLM and SGLang read):
 ``config.json`` with llama-style fields plus ``model.safetensors`` with the head's own tensors under
@@ -21,12 +22,10 @@ from torch import nn
 from ..arch import execution_device, resolve_target
 from ..config import Eagle3Config, EagleConfig
 from .atomic import atomic_dir
-from .base import DraftHead
-from .eagle import EagleHead
-from .eagle3 import Eagle3Head
+from .base import DraftHead, Layout, claiming_layout, head_class, register_layout
 from .validate import check_head_files
 
-__all__ = ["save_head", "load_head", "load_config"]
+__all__ = ["save_head", "load_head", "load_config", "build_head"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +97,9 @@ def load_config(path) -> EagleConfig | Eagle3Config:
     """The head config in ``path/config.json``; the kind (EAGLE-1 or EAGLE-3) is told from it and the weights."""
     root = _check_dir(path)
     raw = _read_config_dict(root)
+    other = claiming_layout(raw)
+    if other is not None and other.config is not None:
+        return other.config(raw, root)
     files = _weight_files(root)
     return _config_from_dict(raw, _weight_keys(files) if files else None, root)
 
@@ -122,11 +124,6 @@ def _detect_kind(raw: dict, keys, root: Path) -> str:
     """'eagle' or 'eagle3'; ValueError when the files are not a draft head."""
     where = root / CONFIG_NAME
     not_head = f"{where} is not an EAGLE/EAGLE-3 head config"
-    if "speculators_model_type" in raw:
-        raise ValueError(
-            f"{where} is in the vLLM speculators layout (speculators_model_type="
-            f"{raw['speculators_model_type']!r}), which is not read here; use the official EAGLE layout"
-        )
     model_type = raw.get("model_type")
     if model_type is not None and model_type not in _LLAMA_LIKE:
         raise ValueError(f"{not_head}: model_type {model_type!r} is not a Llama-style decoder (expected one of {_LLAMA_LIKE})")
@@ -172,15 +169,21 @@ def load_head(
     dtype: torch.dtype | str | None = None,
     device: torch.device | str | None = None,
     strict: bool = True,
-) -> EagleHead | Eagle3Head:
-    """Load an EAGLE-1/2 or EAGLE-3 head from a local directory (ours or an official release).
+) -> DraftHead:
+    """Load an EAGLE-1/2 or EAGLE-3 head from a local directory: ours, an official release, or any layout
+    another module registered (vLLM / SGLang exports, the speculators format), told from config.json.
 
     dtype: the checkpoint's unless given. target: attached (its shapes checked) and, unless ``device``
     is given, the head moves to its embedding's device. strict: unexpected weight keys are an error.
     """
-    check_head_files(path)
+    check_head_files(path, names=(CONFIG_NAME, SAFETENSORS_NAME, SAFETENSORS_INDEX_NAME, TORCH_NAME, TORCH_INDEX_NAME),
+                     weight_files=_weight_files,
+                     config_of=lambda root, keys: _config_from_dict(_read_config_dict(root), keys, root))
     root = _check_dir(path)
     raw = _read_config_dict(root)
+    other = claiming_layout(raw)
+    if other is not None:
+        return other.read(root, target, dtype=dtype, device=device, strict=strict)
     files = _weight_files(root)
     if files is None:
         raise FileNotFoundError(
@@ -188,7 +191,12 @@ def load_head(
         )
     state = _read_weights(files)
     config = _config_from_dict(raw, set(state), root)
-    head = Eagle3Head(config) if isinstance(config, Eagle3Config) else EagleHead(config)
+    return build_head(config, state, root, target=target, dtype=dtype, device=device, strict=strict)
+
+
+def build_head(config, state: dict, root: Path, *, target=None, dtype=None, device=None, strict: bool = True) -> DraftHead:
+    """The head for ``config`` holding ``state`` (official key names), checked; every layout's reader ends here."""
+    head = head_class("eagle3" if isinstance(config, Eagle3Config) else "eagle")(config)
     state = _drop_unowned(state, config, target, root)
     _check_state(head, state, strict, root)
 
@@ -376,3 +384,6 @@ def _read_torch_file(file: Path) -> dict[str, torch.Tensor]:
     if bad:
         raise ValueError(f"{file} has entries that are not named tensors: {bad[:8]}")
     return obj
+
+
+register_layout(Layout("eagle", write=save_head, read=load_head, claims=lambda config: False))

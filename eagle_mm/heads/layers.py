@@ -29,8 +29,13 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    """Inverse frequencies (head_dim/2,), with optional linear or llama3 scaling."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    """Inverse frequencies (head_dim/2,) in fp32, with optional linear or llama3 scaling.
+
+    Computed in fp32 step by step as the official EAGLE code and transformers' LlamaRotaryEmbedding do, so the
+    values are theirs bit for bit (a float64 computation rounded at the end differs in the last bit of about
+    a third of the entries, a phase error that grows with the position).
+    """
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "linear":
         inv = inv / float(scaling["factor"])
@@ -44,7 +49,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
         mid = (1 - smooth) * inv / factor + smooth * inv
         is_mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
         inv = torch.where(is_mid, mid, scaled)
-    return inv.float()
+    return inv
 
 
 def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):

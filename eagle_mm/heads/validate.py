@@ -23,29 +23,30 @@ __all__ = ["check_head_files"]
 _ID_BUFFERS = ("d2t", "t2d")
 
 
-def check_head_files(path) -> None:
+def check_head_files(path, *, names: tuple, weight_files, config_of) -> None:
     """Raise ValueError naming the file and the fix for what would otherwise fail later or load silently wrong.
 
-    Leaves to the loader what it reports itself (no directory, no config.json, no weights, an unknown layout).
+    ``names``: the layout's file names (config first); ``weight_files(root)``: its weight files, or None;
+    ``config_of(root, tensor_names)``: its head config (``heads.io`` passes its own readers, so this module needs
+    none of them). Leaves to the loader what it reports itself (no directory, no config.json, no weights, an
+    unknown layout).
     """
-    from . import io  # the layout helpers; imported here because io calls this function
-
     root = Path(path).expanduser()
     _refuse_loop(root)
     if not root.is_dir():
         return
-    for name in (io.CONFIG_NAME, io.SAFETENSORS_NAME, io.SAFETENSORS_INDEX_NAME, io.TORCH_NAME, io.TORCH_INDEX_NAME):
+    for name in names:
         _refuse_loop(root / name)
-    if not (root / io.CONFIG_NAME).is_file():
+    if not (root / names[0]).is_file():
         return
-    files = io._weight_files(root)
+    files = weight_files(root)
     if files is None:
         return
     tensors = {}
     for file in files:
         tensors.update(_read_header(file))
     try:
-        config = io._config_from_dict(io._read_config_dict(root), set(tensors), root)
+        config = config_of(root, set(tensors))
     except ValueError:
         return  # not a layout this reader knows: the loader says which
     _check_tensors(config, tensors, root)

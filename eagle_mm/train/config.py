@@ -22,6 +22,8 @@ NON_TRAINING_FIELDS = frozenset({
     "eval_samples", "eval_max_new_tokens", "target_device_map", "save_dtype",
 })
 _PATH_FIELDS = ("target", "data", "output_dir", "features_dir", "init_head", "eval_data")
+# The EAGLE-3 variant flags, named as in Eagle3Config.
+VARIANTS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
 def _help(text: str, choices: tuple | None = None, **kw):
@@ -46,7 +48,8 @@ class TrainConfig:
     # ---- head ----
     draft_vocab_size: int | None = _help("EAGLE-3 draft vocabulary: the most frequent training tokens "
                                          "(default min(32000, target vocab))", default=None)
-    aux_layers: tuple[int, ...] | None = _help("EAGLE-3 target hidden_states indices (default 2, N//2, N-3)",
+    aux_layers: tuple[int, ...] | None = _help("EAGLE-3 target hidden_states indices (default 2, N//2, N-3; "
+                                               "1, N//2, N-1 on 4-6 layers, where those collide)",
                                                default=None)
     image_embeds: bool = _help("with a vision-language target, the head reads the merged image embeddings at image "
                                "positions; --no-image-embeds hides them (the placeholder token's embedding "
@@ -55,6 +58,13 @@ class TrainConfig:
                                  "positions; --no-image-features zeroes them (with --no-image-embeds: the draft sees "
                                  "nothing of the image's positions, the stricter ablation), saved in the head's "
                                  "config", default=True)
+    norm_before_residual: bool = _help("EAGLE-3 variant: the residual around attention starts from the normed "
+                                       "hidden state", default=False)
+    norm_before_fc: bool = _help("EAGLE-3 variant: one RMSNorm over the concatenated target features before fc "
+                                 "(gpt-oss style heads)", default=False)
+    fc_norm: bool = _help("EAGLE-3 variant: one RMSNorm per target feature before fc", default=False)
+    norm_output: bool = _help("EAGLE-3 variant: feed the normed output back when drafting deeper (EAGLE 3.1)",
+                              default=False)
     init_head: str | None = _help("start from this saved head instead of a fresh one", default=None)
     # ---- losses ----
     ttt_steps: int = _help("EAGLE-3 training-time-test unroll length", default=7)
@@ -125,6 +135,11 @@ class TrainConfig:
             if len(self.aux_layers) != 3 or any(isinstance(i, bool) or not isinstance(i, int) or i < 0
                                                 for i in self.aux_layers):
                 raise ValueError(f"aux_layers must be three non-negative hidden_states indices, got {self.aux_layers!r}")
+        variants = [name for name in VARIANTS if getattr(self, name)]
+        if variants and self.kind != "eagle3":
+            raise ValueError(f"{variants} are EAGLE-3 head variants; kind={self.kind!r} has none")
+        if self.norm_before_fc and self.fc_norm:
+            raise ValueError("norm_before_fc and fc_norm exclude each other (one norm over the features or one each)")
         self.adam_betas = tuple(float(b) for b in self.adam_betas)
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise ValueError(f"adam_betas must be two numbers in [0, 1), got {self.adam_betas!r}")

@@ -23,7 +23,7 @@ from ..heads.io import load_head
 from ..multimodal import hide_image_features
 from .accelerator import make_accelerator
 from .checkpoint import check_resumable, resolve_resume, save_checkpoint
-from .config import TrainConfig
+from .config import VARIANTS, TrainConfig
 from .data import BatchPlan, build_draft_vocab, collate, encode_rows, has_images, read_rows, write_rows
 from .dump import FeatureStore, feature_layers
 from .evaluate import eval_prompts, mean_accept_length
@@ -287,7 +287,7 @@ def _build_head(config: TrainConfig, target, examples):
         kind = "eagle3" if isinstance(head, Eagle3Head) else "eagle"
         if kind != config.kind:
             raise ValueError(f"init_head {config.init_head} is an {kind} head, but kind={config.kind!r}")
-        for name in ("image_embeds", "image_features"):
+        for name in ("image_embeds", "image_features", *(VARIANTS if kind == "eagle3" else ())):
             if getattr(head.config, name) != getattr(config, name):
                 raise ValueError(f"init_head {config.init_head} has {name}={getattr(head.config, name)}, but "
                                  f"{name}={getattr(config, name)}")
@@ -298,7 +298,8 @@ def _build_head(config: TrainConfig, target, examples):
     vocab = resolve_target(target).vocab_size
     draft = config.draft_vocab_size or min(32000, vocab)
     head = Eagle3Head.from_target(target, aux_layers=config.aux_layers, draft_vocab_size=draft,
-                                  image_embeds=config.image_embeds, image_features=config.image_features).float()
+                                  image_embeds=config.image_embeds, image_features=config.image_features,
+                                  **{name: getattr(config, name) for name in VARIANTS}).float()
     head.set_draft_vocab(build_draft_vocab(examples, vocab, draft))
     return head.train()
 
