@@ -81,8 +81,7 @@ def export_head(head: DraftHead, path, layout: str = "eagle", *, target_config=N
         config = _read_json(stage / _CONFIG)
         config.update(changes)
         config[MARKER] = marker
-        (stage / _CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "
-", encoding="utf-8")
+        (stage / _CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     logger.info("exported %s in the %s layout to %s", type(head).__name__, layout, root)
     return root
 
