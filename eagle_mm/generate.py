@@ -198,6 +198,9 @@ def _check_prompt(ids, mask) -> None:
         raise ValueError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
     if mask is not None and tuple(mask.shape) != tuple(ids.shape):
         raise ValueError(f"attention_mask shape {tuple(mask.shape)} != input_ids shape {tuple(ids.shape)}")
+    empty = [] if mask is None else (~mask.bool().any(dim=-1)).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"prompt row(s) {empty} are empty (attention_mask all 0); give each row at least one token")
 
 
 def _check_attention(model) -> None:

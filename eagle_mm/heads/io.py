@@ -189,8 +189,9 @@ def load_head(
 ) -> EagleHead | Eagle3Head:
     """Load an EAGLE-1/2 or EAGLE-3 head from a local directory (ours or an official release).
 
-    dtype: the checkpoint's unless given. target: attached (its shapes checked) and, unless ``device``
-    is given, the head moves to its embedding's device. strict: unexpected weight keys are an error.
+    dtype: the checkpoint's unless given. target: attached (its shapes checked; ``speculative_generate`` casts the
+    head to the target's dtype) and, unless ``device`` is given, the head moves to its embedding's device. strict:
+    unexpected weight keys are an error.
     """
     root = _check_dir(path)
     raw = _read_config_dict(root)
@@ -214,7 +215,7 @@ def load_head(
     # assign=True adopts the tensors as they are; rotary inv_freq (not in the file) stays fp32.
     head.load_state_dict(state, strict=False, assign=True)
     if target is not None:
-        head.attach(target)
+        head.attach(target, cast=False)  # the dtype read stays (bit-exact); decoding casts to the target's
         if device is None:
             device = execution_device(head.target_parts.embed)
     if device is not None:
