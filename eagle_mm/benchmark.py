@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ._cliutil import check_model_dir
 from ._cliutil import positive_int as _positive_int
 
 __all__ = ["zoo_prompts", "timed", "run_benchmark", "format_table", "add_bench_parser", "run_bench"]
@@ -237,9 +238,12 @@ def _check_args(args: argparse.Namespace) -> str | None:
             return "--target needs at least one --head DIR to compare against generate"
         if not args.prompt:
             return "--target needs at least one --prompt TEXT (the zoo's prompts are for the zoo model)"
-        for flag, path in [("--target", args.target)] + [("--head", h) for h in args.head]:
+        problem = check_model_dir(args.target, "--target")
+        if problem:
+            return problem
+        for path in args.head:
             if not Path(path).is_dir():
-                return f"no such directory: {path}; pass {flag} a local directory"
+                return f"no such directory: {path}; pass --head a local directory"
     if args.zoo_dir is not None and not Path(args.zoo_dir).is_dir():
         return f"no such directory: {args.zoo_dir}; pass --zoo-dir a zoo model directory (it holds manifest.json)"
     if args.prompt and any(not p for p in args.prompt):

@@ -213,11 +213,11 @@ def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
     print(f"completion ({out.sequences.shape[1] - prompt_length} tokens):")
     print(tokenizer.decode(out.sequences[0, prompt_length:], skip_special_tokens=True))
     print("---")
-    identical = _print_demo_result(target, reference, out, prompt_length, generate_s, speculative_s)
+    ok = _print_demo_result(target, reference, out, prompt_length, generate_s, speculative_s)
     if not static and target.device.type == "cpu" and speculative_s > generate_s:
         print("note: on a CPU the eager loop's per-step overhead is about what a model this small saves; "
               "`eagle-mm demo --compile` times the compiled static path (docs/benchmarks.md)")
-    return 0 if identical else 1
+    return 0 if ok else 1
 
 
 def _run_random_demo(args: argparse.Namespace) -> int:

@@ -307,11 +307,14 @@ def test_bench_json_to_stdout(capsys, local_dirs):
     (["--target", "{target}", "--prompt", "Hi"], "--target needs at least one --head DIR"),
     (["--target", "{target}", "--head", "{head}"], "--target needs at least one --prompt TEXT"),
     (["--target", "{target}", "--head", "{missing}", "--prompt", "Hi"], "no such directory: {missing}; pass --head"),
+    (["--target", "{missing}", "--head", "{head}", "--prompt", "Hi"], "no such directory: {missing}; pass --target"),
+    (["--target", "{root}", "--head", "{head}", "--prompt", "Hi"], "is a reference model's folder, not a model"),
     (["--target", "{target}", "--head", "{head}", "--prompt", "Hi", "--kind", "eagle"], "--zoo-dir and --kind pick"),
     (["--zoo-dir", "{missing}"], "no such directory: {missing}; pass --zoo-dir"),
 ])
 def test_bench_explains_bad_arguments(capsys, local_dirs, tmp_path, args, message):
-    paths = {"target": local_dirs[0], "head": local_dirs[1], "missing": tmp_path / "nowhere"}
+    paths = {"target": local_dirs[0], "head": local_dirs[1], "missing": tmp_path / "nowhere",
+             "root": local_dirs[0].parent}  # holds target/, as a zoo model's folder does
     status, _, err = _bench(capsys, *[a.format(**paths) for a in args])
     assert status == 2
     assert message.format(**paths) in err
@@ -363,3 +366,23 @@ def test_demo_image_without_a_path_renders_a_scene(monkeypatch, capsys, tmp_path
     with Image.open(saved) as image:
         assert image.size == (size["image_size"],) * 2  # the VLM's input size
     assert f"image: a rendered validation scene (seed 0), saved to {saved}" in capsys.readouterr().out
+
+
+def test_bench_table_tells_a_near_tie_from_a_mismatch():
+    from eagle_mm.benchmark import format_table
+
+    meta = {"prompts": 2, "max_new_tokens": 8, "device": "cpu", "dtype": "torch.bfloat16", "repeats": 1,
+            "tree": {"depth": 3, "top_k": 2, "total_tokens": 4}}
+
+    def row(method, matches, mismatch, divergences):
+        return {"method": method, "tokens_per_s": 10.0, "speedup": 1.0, "mean_accept_length": 2.0,
+                "accept_rate_per_position": [0.5], "matches_generate": matches, "mismatch": mismatch,
+                "divergences": divergences}
+
+    tie = "diverges at token 5 on a numerical near-tie (top-2 margin 0, below the bfloat16 resolution 0.5)"
+    table = format_table({"meta": meta, "rows": [row("generate", None, False, {}), row("eagle", True, False, {}),
+                                                 row("eagle3", False, False, {1: tie}),
+                                                 row("bad", False, True, {0: "MISMATCH at token 2: ..."})]})
+    match = {line.split()[0]: line.split()[4] for line in table.splitlines()[2:6]}
+    assert match == {"generate": "-", "eagle": "yes", "eagle3": "tie", "bad": "NO"}, table
+    assert f"eagle3, prompt 1: {tie}" in table and "bad, prompt 0: MISMATCH at token 2" in table
