@@ -3,8 +3,9 @@
 Greedy decoding, one process. Reported per method: tokens/s, the speed-up over ``generate``, the mean acceptance
 length (``SpeculativeStats``: tokens per verify forward, bonus token included; 1.0 for plain ``generate``), the
 acceptance rate per draft position, and whether the tokens equal ``generate``'s (they must, under greedy
-decoding, but for a near-tie that bf16/fp16 rounding flips: ``eagle_mm.divergence`` tells the two apart). The prompt loop is outside the method loop and every (prompt, method) keeps the fastest of
-``repeats`` runs, so a burst of load on a shared machine hits every method alike instead of one.
+decoding, but for a near-tie that bf16/fp16 rounding flips: ``eagle_mm.divergence`` tells the two apart). The
+prompt loop is outside the method loop and every (prompt, method) keeps the fastest of ``repeats`` runs, so a
+burst of load on a shared machine hits every method alike instead of one.
 
 The full comparison with HF prompt lookup and assisted generation, sampled as well as greedy, is
 bench/bench_code_tiny.py; this module is the small, installed one behind the command line.
