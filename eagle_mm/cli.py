@@ -13,12 +13,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ._cliutil import check_model_dir, check_prompt, quiet_loading
 from ._cliutil import fail as _fail
 from ._cliutil import positive_int as _positive_int
 from .demo import add_demo_parser as _add_demo
+from .demo import print_forwards
 
 
-# --dtype choices, handed to from_pretrained as they are ("auto": the checkpoint's dtype).
+# --dtype choices. "auto": float32 on a CPU (bf16 matmuls are slow there, and its rounding flips near-ties), the
+# checkpoint's dtype on a GPU.
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -39,10 +42,12 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     parser.add_argument("--max-new-tokens", type=_positive_int, default=128)
     parser.add_argument("--dtype", choices=_DTYPES, default="auto",
-                        help="target dtype (auto: the checkpoint's); the head follows its checkpoint")
+                        help="dtype of the target and the head (auto: float32 on a CPU, the checkpoint's on a GPU)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--compare", action="store_true",
-                        help="also run model.generate: print the speed-up and whether greedy outputs match")
+                        help="also run model.generate: print the speed-up and whether the greedy outputs are "
+                             "identical (or differ only at a numerical near-tie)")
+    parser.add_argument("--verbose", action="store_true", help="show transformers' loading progress bars")
     sampling = parser.add_argument_group("sampling (default: greedy)")
     sampling.add_argument("--do-sample", action="store_true")
     sampling.add_argument("--temperature", type=float, default=None)
@@ -58,9 +63,11 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
 
 def _check_generate_args(args: argparse.Namespace) -> str | None:
     """The first problem with the arguments, before anything heavy is imported or loaded."""
-    for flag, path, what in (("--target", args.target, "model"), ("--head", args.head, "draft head")):
-        if not Path(path).is_dir():
-            return f"no such directory: {path}; pass {flag} a local {what} directory"
+    problem = check_model_dir(args.target, "--target") or check_prompt(args.prompt)
+    if problem:
+        return problem
+    if not Path(args.head).is_dir():
+        return f"no such directory: {args.head}; pass --head a local draft head directory"
     given = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_p", "top_k", "seed")
              if getattr(args, name) is not None]
     if given and not args.do_sample:
@@ -75,12 +82,15 @@ def _load_for_generate(args: argparse.Namespace):
 
     import eagle_mm
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = args.dtype
+    if dtype == "auto" and device.type == "cpu":
+        dtype = "float32"
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     # sdpa: flash-attention kernels cannot take the tree mask.
-    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=args.dtype, attn_implementation="sdpa",
+    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, attn_implementation="sdpa",
                                                  device_map=device).eval()
-    head = eagle_mm.load_head(args.head, target=model)
+    head = eagle_mm.load_head(args.head, target=model, dtype=model.dtype)
     return model, tokenizer, head
 
 
@@ -104,6 +114,7 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     import eagle_mm
 
+    quiet_loading(args.verbose)
     given = {"depth": args.depth, "top_k": args.tree_top_k, "total_tokens": args.total_tokens}
     try:
         tree = eagle_mm.TreeConfig(**{name: value for name, value in given.items() if value is not None})
@@ -133,8 +144,9 @@ def _run_generate(args: argparse.Namespace) -> int:
     speculative_s = time.perf_counter() - start
     n_new = out.sequences.shape[1] - inputs["input_ids"].shape[1]
     _print_stats(out.stats, tree, n_new, speculative_s)
+    print(f"dtype: target {model.dtype}, head {next(head.parameters()).dtype}; device: {model.device}")
     if args.compare:
-        _compare(model, inputs, options, args, out.sequences, n_new / speculative_s)
+        return _compare(model, inputs, options, args, out.sequences, n_new / speculative_s)
     return 0
 
 
@@ -142,15 +154,18 @@ def _print_stats(stats, tree, n_new: int, seconds: float) -> None:
     rates = ", ".join(f"{rate:.3f}" for rate in stats.accept_rate_per_position)
     print()
     print(f"tree: depth={tree.depth}, top_k={tree.top_k}, total_tokens={tree.total_tokens}")
-    print(f"mean accept length: {stats.mean_accept_length:.3f}")
-    print(f"accept rate per position: [{rates}]")
-    print(f"target forwards: {stats.num_target_forwards}")
+    print(f"mean accept length: {stats.mean_accept_length:.3f} (tokens per target forward; plain decoding: 1)")
+    print(f"accept rate per position: [{rates}] (entry i: the share of forwards that kept the first i+1 drafts)")
+    print_forwards(stats, n_new)
     print(f"speculative_generate: {n_new} tokens in {seconds:.3f} s ({n_new / seconds:.1f} tokens/s)")
 
 
-def _compare(model, inputs: dict, options: dict, args: argparse.Namespace, sequences, speculative_rate: float) -> None:
-    """Time model.generate with the same options; under greedy decoding its tokens must match."""
+def _compare(model, inputs: dict, options: dict, args: argparse.Namespace, sequences, speculative_rate: float) -> int:
+    """Time model.generate with the same options; under greedy decoding its tokens must match (the exit status:
+    1 on a mismatch that rounding does not explain)."""
     import torch
+
+    from .divergence import compare_greedy
 
     if args.seed is not None:
         torch.manual_seed(args.seed)
@@ -162,14 +177,11 @@ def _compare(model, inputs: dict, options: dict, args: argparse.Namespace, seque
     # Per token: an EOS can end the two runs at different lengths when sampling.
     print(f"speed-up: {speculative_rate / (n_ref / generate_s):.2f}x (one timed run each)")
     if args.do_sample:
-        print("greedy outputs match: n/a (sampling: outputs are draws, equal only in distribution)")
-        return
-    same = reference.shape == sequences.shape and bool(torch.equal(reference, sequences))
-    print(f"greedy outputs match: {same}")
-    if not same:
-        print("warning: greedy speculative decoding should reproduce model.generate token for token; in "
-              "bf16/fp16 a near-tie can flip between the tree forward and the step-by-step one "
-              "(compare with --dtype float32)", file=sys.stderr)
+        print("greedy outputs: n/a (sampling: outputs are draws, equal only in distribution)")
+        return 0
+    verdict = compare_greedy(model, reference, sequences, inputs["input_ids"].shape[1])
+    print(f"greedy outputs: {verdict}")
+    return 1 if verdict.is_mismatch else 0
 
 
 def _add_export(subparsers: argparse._SubParsersAction) -> None:

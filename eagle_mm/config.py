@@ -291,6 +291,23 @@ class TreeConfig:
     def chain(cls, depth: int) -> "TreeConfig":
         return cls(depth=depth, top_k=1, total_tokens=depth)
 
+    @classmethod
+    def coerce(cls, value) -> "TreeConfig | str":
+        """What a ``tree=`` argument may be, as a TreeConfig: a TreeConfig (as is), a dict of its fields (as
+        Hugging Face users pass configs), None (the defaults) or "auto" (returned as is)."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls) or (isinstance(value, str) and value == "auto"):
+            return value
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - {f.name for f in dataclasses.fields(cls)})
+            if unknown:
+                raise TypeError(f"tree={value!r}: unknown field(s) {unknown}; a tree dict takes depth, top_k, "
+                                f"total_tokens")
+            return cls(**value)
+        raise TypeError(f"tree={value!r}: expected a TreeConfig, a dict such as {{'depth': 5, 'top_k': 8, "
+                        f"'total_tokens': 48}}, None or 'auto'")
+
 
 def bound_tree(tree: TreeConfig, max_new_tokens: int) -> TreeConfig:
     """``tree`` clamped to what a decode of ``max_new_tokens`` tokens can commit: depth <= max_new_tokens (a cycle

@@ -21,6 +21,11 @@ def test_demo_speculative_matches_generate(capsys):
     assert "mean accept length:" in out
     assert "accept rate per position: [" in out
     assert "target forwards:" in out
+    # the run in plain words, and where its time went
+    assert "8 tokens in " in out and " target forwards instead of 8" in out
+    assert "tokens per target forward (plain decoding: 1" in out
+    for part in ("prefill", "drafting (head)", "verifying (target)", "other"):
+        assert part in out.split("time in speculative_generate:")[1].splitlines()[0]
 
 
 def test_demo_compiled_matches_generate(capsys):
@@ -68,7 +73,8 @@ def test_generate_streams_and_matches_generate(capsys, local_dirs):
     assert "accept rate per position: [" in out
     assert "tokens/s" in out
     assert "speed-up:" in out
-    assert "greedy outputs match: True" in out
+    assert "greedy outputs: identical" in out
+    assert "12 tokens in" in out and "target forwards instead of 12" in out
 
 
 def test_generate_passes_tree_options(capsys, local_dirs):
@@ -87,7 +93,7 @@ def test_generate_sampling_is_seeded(capsys, local_dirs):
         assert status == 0, err
     texts = [out.split("\n\ntree:")[0] for _, out, _ in runs]
     assert texts[0] == texts[1]
-    assert "greedy outputs match: n/a" in runs[1][1]
+    assert "greedy outputs: n/a" in runs[1][1]
 
 
 @pytest.mark.parametrize("which", ["--target", "--head"])
@@ -98,6 +104,71 @@ def test_generate_names_a_missing_directory(capsys, local_dirs, tmp_path, which)
     status, _, err = _generate(capsys, *args)
     assert status == 2
     assert f"no such directory: {missing}; pass {which} a local" in err
+
+
+def test_generate_names_a_reference_model_root(capsys, local_dirs, tmp_path):
+    import shutil
+
+    shutil.copytree(local_dirs[0], tmp_path / "target")  # a zoo model's folder: target/ beside the heads
+    status, _, err = _generate(capsys, tmp_path, local_dirs[1])
+    assert status == 2
+    assert f"{tmp_path} is a reference model's folder, not a model" in err
+    assert f"pass --target {tmp_path / 'target'}" in err
+
+
+def test_generate_names_a_directory_without_a_model(capsys, local_dirs, tmp_path):
+    status, _, err = _generate(capsys, tmp_path, local_dirs[1])
+    assert status == 2
+    assert f"{tmp_path} has no config.json; pass --target a Hugging Face model directory" in err
+
+
+def test_generate_refuses_an_empty_prompt(capsys, local_dirs):
+    status = main(["generate", "--target", str(local_dirs[0]), "--head", str(local_dirs[1]), "--prompt", ""])
+    assert status == 2
+    assert "--prompt '' is empty; pass the text to complete" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def bf16_dirs(tmp_path_factory, local_dirs):
+    """The local target and head saved in bfloat16, as the shipped model and many releases are."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import eagle_mm
+
+    root = tmp_path_factory.mktemp("bf16")
+    AutoModelForCausalLM.from_pretrained(local_dirs[0], dtype=torch.bfloat16).save_pretrained(root / "target")
+    AutoTokenizer.from_pretrained(local_dirs[0]).save_pretrained(root / "target")
+    eagle_mm.load_head(local_dirs[1], dtype=torch.bfloat16).save_pretrained(root / "head")
+    return root / "target", root / "head"
+
+
+def test_generate_runs_float32_on_a_cpu_by_default(capsys, bf16_dirs):
+    status, out, err = _generate(capsys, *bf16_dirs, "--max-new-tokens", "8", "--compare", "--device", "cpu")
+    assert status == 0, err
+    assert "dtype: target torch.float32, head torch.float32; device: cpu" in out
+    assert "greedy outputs: identical" in out
+
+
+def test_generate_dtype_casts_target_and_head_together(capsys, local_dirs):
+    status, out, err = _generate(capsys, *local_dirs, "--max-new-tokens", "8", "--compare", "--dtype", "bfloat16")
+    assert "dtype: target torch.bfloat16, head torch.bfloat16" in out, err
+    assert status == 0 and "MISMATCH" not in out, out  # a bf16 near-tie may flip; a mismatch may not
+
+
+@pytest.fixture
+def progress_bars():
+    from transformers.utils import logging as hf_logging
+
+    yield
+    hf_logging.enable_progress_bar()
+
+
+@pytest.mark.parametrize("verbose", (False, True))
+def test_generate_shows_loading_bars_only_with_verbose(capsys, local_dirs, progress_bars, verbose):
+    status, _, err = _generate(capsys, *local_dirs, "--max-new-tokens", "2", *(["--verbose"] if verbose else []))
+    assert status == 0, err
+    assert ("Loading weights" in err) == verbose, err
 
 
 def test_generate_refuses_sampling_options_without_do_sample(capsys, local_dirs):
@@ -236,11 +307,14 @@ def test_bench_json_to_stdout(capsys, local_dirs):
     (["--target", "{target}", "--prompt", "Hi"], "--target needs at least one --head DIR"),
     (["--target", "{target}", "--head", "{head}"], "--target needs at least one --prompt TEXT"),
     (["--target", "{target}", "--head", "{missing}", "--prompt", "Hi"], "no such directory: {missing}; pass --head"),
+    (["--target", "{missing}", "--head", "{head}", "--prompt", "Hi"], "no such directory: {missing}; pass --target"),
+    (["--target", "{root}", "--head", "{head}", "--prompt", "Hi"], "is a reference model's folder, not a model"),
     (["--target", "{target}", "--head", "{head}", "--prompt", "Hi", "--kind", "eagle"], "--zoo-dir and --kind pick"),
     (["--zoo-dir", "{missing}"], "no such directory: {missing}; pass --zoo-dir"),
 ])
 def test_bench_explains_bad_arguments(capsys, local_dirs, tmp_path, args, message):
-    paths = {"target": local_dirs[0], "head": local_dirs[1], "missing": tmp_path / "nowhere"}
+    paths = {"target": local_dirs[0], "head": local_dirs[1], "missing": tmp_path / "nowhere",
+             "root": local_dirs[0].parent}  # holds target/, as a zoo model's folder does
     status, _, err = _bench(capsys, *[a.format(**paths) for a in args])
     assert status == 2
     assert message.format(**paths) in err
@@ -262,9 +336,12 @@ def test_bench_reports_a_bad_tree(capsys, local_dirs):
     assert "total_tokens=50 exceeds" in err
 
 
-def test_demo_image_without_a_path_renders_a_scene(monkeypatch, capsys):
+def test_demo_image_without_a_path_renders_a_scene(monkeypatch, capsys, tmp_path):
+    import json
     import sys
     import types
+
+    from PIL import Image
 
     from eagle_mm import zoo
 
@@ -278,8 +355,34 @@ def test_demo_image_without_a_path_renders_a_scene(monkeypatch, capsys):
 
     fake = types.ModuleType("eagle_mm.zoo.scenes_tiny")
     fake.image_demo = image_demo
+    fake.NAME = "scenes-tiny"
     monkeypatch.setitem(sys.modules, "eagle_mm.zoo.scenes_tiny", fake)
     monkeypatch.setattr(zoo, "scenes_tiny", fake, raising=False)
+    monkeypatch.chdir(tmp_path)
     assert main(["demo", "--image"]) == 0
-    assert calls[0]["image"] is None  # image_demo's default: a rendered validation scene
-    assert "image: a rendered validation scene (seed 0)" in capsys.readouterr().out
+    saved = tmp_path / "scene-0.png"
+    assert calls[0]["image"] == saved  # the scene the demo rendered and saved, not one image_demo draws unseen
+    size = json.loads((zoo.model_dir("scenes-tiny") / "target" / "config.json").read_text())["vision_config"]
+    with Image.open(saved) as image:
+        assert image.size == (size["image_size"],) * 2  # the VLM's input size
+    assert f"image: a rendered validation scene (seed 0), saved to {saved}" in capsys.readouterr().out
+
+
+def test_bench_table_tells_a_near_tie_from_a_mismatch():
+    from eagle_mm.benchmark import format_table
+
+    meta = {"prompts": 2, "max_new_tokens": 8, "device": "cpu", "dtype": "torch.bfloat16", "repeats": 1,
+            "tree": {"depth": 3, "top_k": 2, "total_tokens": 4}}
+
+    def row(method, matches, mismatch, divergences):
+        return {"method": method, "tokens_per_s": 10.0, "speedup": 1.0, "mean_accept_length": 2.0,
+                "accept_rate_per_position": [0.5], "matches_generate": matches, "mismatch": mismatch,
+                "divergences": divergences}
+
+    tie = "diverges at token 5 on a numerical near-tie (top-2 margin 0, below the bfloat16 resolution 0.5)"
+    table = format_table({"meta": meta, "rows": [row("generate", None, False, {}), row("eagle", True, False, {}),
+                                                 row("eagle3", False, False, {1: tie}),
+                                                 row("bad", False, True, {0: "MISMATCH at token 2: ..."})]})
+    match = {line.split()[0]: line.split()[4] for line in table.splitlines()[2:6]}
+    assert match == {"generate": "-", "eagle": "yes", "eagle3": "tie", "bad": "NO"}, table
+    assert f"eagle3, prompt 1: {tie}" in table and "bad, prompt 0: MISMATCH at token 2" in table

@@ -136,8 +136,8 @@ def test_fallback_names_its_reason(caplog):
     (dict(cache_implementation="offloaded"), "cache_implementation='offloaded'"),
     (dict(cache_implementation="dynamic", compile=True), "needs the engine's fixed shapes"),
     (dict(compile="fast"), "compile='fast'"),
-    (dict(tree={"depth": 3, "width": 2}), "TreeConfig's fields"),
-    (dict(tree=[3, 2]), "tree must be a TreeConfig"),
+    (dict(tree={"depth": 3, "width": 2}), "unknown field"),
+    (dict(tree=[3, 2]), "expected a TreeConfig"),
 ])
 def test_bad_options(kwargs, match):
     model = tiny_model("llama")

@@ -63,6 +63,39 @@ def test_cli_reports_bad_data_with_its_row(work, capsys):
     assert not (work["root"] / "bad").exists()
 
 
+def test_cli_names_a_missing_target(work, capsys, tmp_path):
+    missing = tmp_path / "no-such-model"
+    status = _cli(["train", "--target", str(missing), "--data", work["data"], "--output", str(tmp_path / "out")])
+    assert status == 2
+    assert f"no such directory: {missing}; pass --target a local model directory" in capsys.readouterr().err
+
+
+def test_cli_names_a_reference_model_root(work, capsys, tmp_path):
+    root = work["root"]  # holds target/: the layout of a zoo model's folder
+    status = _cli(["train", "--target", str(root), "--data", work["data"], "--output", str(tmp_path / "out")])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert f"{root} is a reference model's folder, not a model" in err and f"pass --target {root / 'target'}" in err
+
+
+def test_overwrite_trains_twice_in_a_row_into_one_folder(work, capsys):
+    out = work["root"] / "again"
+    args = ["train", *_common(work, "again"), "--kind", "eagle3", "--draft-vocab-size", "40", "--eval-holdout", "0",
+            "--max-steps", "2"]
+    assert _cli(args) == 0 and list_checkpoints(out)
+    assert _cli(args) == 2  # the earlier run's checkpoints are refused without --overwrite ...
+    assert "already holds checkpoints" in capsys.readouterr().err
+    assert _cli([*args, "--overwrite"]) == 0  # ... and cleared with it
+    assert [step for step, _ in list_checkpoints(out)] == [2]
+    assert em.Eagle3Head.from_pretrained(out, target=work["model"]).config.draft_vocab_size == 40
+
+
+def test_overwrite_and_resume_exclude_each_other(work, capsys, tmp_path):
+    status = _cli(["train", *_common(work, "both"), "--overwrite", "--resume"])
+    assert status == 2
+    assert "--overwrite starts afresh, --resume auto continues: pass one of them" in capsys.readouterr().err
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -111,6 +111,9 @@ def _check_prompt(ids, mask, vocab_size: int) -> None:
                          f"[0, {vocab_size}): encode the prompt with the target's own tokenizer")
     if mask is not None and tuple(mask.shape) != tuple(ids.shape):
         raise ValueError(f"attention_mask shape {tuple(mask.shape)} != input_ids shape {tuple(ids.shape)}")
+    empty = [] if mask is None else (~mask.bool().any(dim=-1)).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"prompt row(s) {empty} are empty (attention_mask all 0); give each row at least one token")
 
 
 def custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,

@@ -116,16 +116,9 @@ def check_attention(model) -> None:
 
 
 def resolve_tree(tree):
-    """A TreeConfig, "auto", or None (the default for the device and batch, chosen later) from what the user passed."""
-    if tree is None or isinstance(tree, TreeConfig) or (isinstance(tree, str) and tree == "auto"):
-        return tree
-    if isinstance(tree, dict):
-        try:
-            return TreeConfig(**tree)
-        except TypeError as e:
-            raise TypeError(f"tree={tree!r}: {e}; TreeConfig's fields are depth, top_k and total_tokens") from None
-    raise TypeError(f"tree must be a TreeConfig, a dict of its fields, None or 'auto', got {type(tree).__name__} "
-                    f"{tree!r}")
+    """A TreeConfig, "auto", or None (the default for the device and batch, chosen later) from what the user passed
+    (``TreeConfig.coerce``: a TreeConfig, a dict of its fields, or "auto")."""
+    return None if tree is None else TreeConfig.coerce(tree)
 
 
 def default_tree(device: torch.device, batch: int) -> TreeConfig:

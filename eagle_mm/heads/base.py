@@ -8,6 +8,7 @@ heads/engines.py, heads/speculators.py) import this module, never the other way 
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
@@ -16,6 +17,8 @@ from torch import nn
 
 from ..arch import TargetParts, execution_device, resolve_target
 from .layers import rope_cos_sin, rope_inv_freq
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -106,10 +109,20 @@ class DraftHead(nn.Module):
         return self
 
     # ---- target ------------------------------------------------------------------------------
-    def attach(self, target: nn.Module) -> "DraftHead":
-        """Bind to a target model after checking shapes; returns self."""
+    def attach(self, target: nn.Module, *, cast: bool = True) -> "DraftHead":
+        """Bind to a target model after checking shapes; returns self.
+
+        cast: a head whose float dtype differs from the target's is cast to it (logged), as decoding needs. False
+        keeps the head's dtype: loaders return the tensors they read, training keeps fp32 beside a bf16 target.
+        """
         parts = resolve_target(target)
         self._check_target(parts)
+        # The head computes in the target's dtype: it feeds on the target's features and embeddings, and EAGLE-1
+        # projects through the target's lm_head, where mixed dtypes fail (and bf16 on a CPU is slow).
+        dtype, own = parts.embed.weight.dtype, self._dtype_device()[0]
+        if cast and dtype.is_floating_point and dtype != own:
+            logger.info("casting %s from %s to the target's %s", type(self).__name__, own, dtype)
+            self.to(dtype)
         self._target = parts
         return self
 

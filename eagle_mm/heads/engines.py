@@ -243,7 +243,7 @@ def load_exported(path, target=None, *, layout: str | None = None) -> DraftHead:
         raise ValueError(f"{root} ({layout} layout): missing weights {missing}, unexpected weights {unexpected}")
     head.load_state_dict(state, strict=False, assign=True)
     if target is not None:
-        head.attach(target)
+        head.attach(target, cast=False)  # the file's dtype stays (bit-exact); decoding casts to the target's
         head.to(execution_device(head.target_parts.embed))
     return head.eval()
 

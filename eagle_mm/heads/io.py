@@ -173,8 +173,9 @@ def load_head(
     """Load an EAGLE-1/2 or EAGLE-3 head from a local directory: ours, an official release, or any layout
     another module registered (vLLM / SGLang exports, the speculators format), told from config.json.
 
-    dtype: the checkpoint's unless given. target: attached (its shapes checked) and, unless ``device``
-    is given, the head moves to its embedding's device. strict: unexpected weight keys are an error.
+    dtype: the checkpoint's unless given. target: attached (its shapes checked; ``speculative_generate`` casts the
+    head to the target's dtype) and, unless ``device`` is given, the head moves to its embedding's device. strict:
+    unexpected weight keys are an error.
     """
     check_head_files(path, names=(CONFIG_NAME, SAFETENSORS_NAME, SAFETENSORS_INDEX_NAME, TORCH_NAME, TORCH_INDEX_NAME),
                      weight_files=_weight_files,
@@ -209,7 +210,7 @@ def build_head(config, state: dict, root: Path, *, target=None, dtype=None, devi
     # assign=True adopts the tensors as they are; rotary inv_freq (not in the file) stays fp32.
     head.load_state_dict(state, strict=False, assign=True)
     if target is not None:
-        head.attach(target)
+        head.attach(target, cast=False)  # the dtype read stays (bit-exact); decoding casts to the target's
         if device is None:
             device = execution_device(head.target_parts.embed)
     if device is not None:

@@ -11,11 +11,14 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import sys
 import types
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 
+from .._cliutil import check_model_dir, quiet_loading
 from .config import TrainConfig
 
 __all__ = ["add_train_parser", "add_train_arguments", "run_train", "main"]
@@ -44,6 +47,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump-features", metavar="DIR", default=None,
                         help="run the target once over --data and write its features to DIR (then train with "
                              "--features DIR), instead of training")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start afresh in an output directory that holds an earlier run: delete its checkpoints "
+                             "and logs first (without it such a directory is refused; --resume continues it)")
+    parser.add_argument("--verbose", action="store_true", help="show transformers' loading progress bars")
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -84,12 +91,31 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     missing = [n for n in ("target", "output_dir") if n not in values]
     if missing:
         raise ValueError(f"missing required option(s): {', '.join('--' + m.replace('_', '-') for m in missing)}")
+    problem = check_model_dir(values["target"], "--target")
+    if problem:
+        raise ValueError(problem)
     out = values["output_dir"]
     if os.path.exists(out) and not os.path.isdir(out):
         flag = "--dump-features" if args.dump_features is not None else "--output-dir"
         raise ValueError(f"{flag} {str(out)!r} is an existing file; it must be a directory (created if missing): "
                          f"choose another path or remove the file")
     return TrainConfig.from_dict(values)
+
+
+def _clear_earlier_run(config: TrainConfig) -> None:
+    """--overwrite: remove what an earlier run left in output_dir (checkpoints, logs, cached rows); the head's
+    own files are rewritten at the end of this one."""
+    from .checkpoint import CHECKPOINTS
+    from .loop import EVAL_NAME, LOG_NAME, REGENERATED_NAME
+
+    if config.resume is not None:
+        raise ValueError(f"--overwrite starts afresh, --resume {config.resume} continues: pass one of them")
+    out = Path(config.output_dir)
+    if (out / CHECKPOINTS).is_dir():
+        logging.getLogger(__name__).info("--overwrite: removing %s", out / CHECKPOINTS)
+        shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)  # under accelerate every process clears, at once
+    for name in (EVAL_NAME, LOG_NAME, REGENERATED_NAME):
+        (out / name).unlink(missing_ok=True)
 
 
 def _setup_logging() -> None:
@@ -103,8 +129,11 @@ def _setup_logging() -> None:
 def run_train(args: argparse.Namespace) -> int:
     """Handler of ``eagle-mm train``: returns the exit status (2 for bad options or data)."""
     _setup_logging()
+    quiet_loading(args.verbose)
     try:
         config = config_from_args(args)
+        if args.overwrite and args.dump_features is None:
+            _clear_earlier_run(config)
         if args.dump_features is not None:
             from .dump import dump_features
 
