@@ -92,7 +92,7 @@ def test_default_call_takes_the_engine_on_cpu():
     head, ref = _forced(model, ids, torch.ones_like(ids), 12)
     out = em.speculative_generate(model, head, ids, max_new_tokens=12, do_sample=False, return_dict_in_generate=True)
     assert (out.stats.engine, out.stats.mode) == ("fixed", None)  # eager on a CPU: nothing to compile
-    assert out.stats.tree == em.TreeConfig(depth=5, top_k=2, total_tokens=8)  # the CPU's default tree
+    assert out.stats.tree == em.TreeConfig.chain(3)  # the CPU's default tree
     assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]])
     fallback = _run(model, head, ids, None, 12, TREE, cache_implementation="dynamic")
     assert fallback.stats.engine == "dynamic"
