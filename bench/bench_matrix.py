@@ -125,7 +125,9 @@ def main(argv=None) -> dict:
             enc = dict(tok(prompts, return_tensors="pt", padding=True).to(device))
         n = args.new_tokens
         sample = dict(do_sample=True, temperature=0.8, top_p=0.95) if mode == "sampled" else dict(do_sample=False)
-        common = dict(**enc, max_new_tokens=n, min_new_tokens=n, **sample)
+        # code-tiny: every row decodes n tokens (code rarely ends early); scenes-tiny: answers end at their eos, as
+        # the VLM was trained (past it the head has nothing to predict).
+        common = dict(**enc, max_new_tokens=n, **({} if scenes else dict(min_new_tokens=n)), **sample)
         seed = [0]
 
         def gen():
