@@ -106,7 +106,7 @@ def main(argv=None) -> dict:
     if scenes:
         from eagle_mm.zoo import scenes_data as sd
 
-        examples = list(sd.examples("validation", 16, size=m.image_size))
+        examples = list(sd.examples("validation", 16, size=m.image_size, tasks=["caption"]))  # answers of a sentence
     else:
         tok.padding_side = "left"
         if tok.pad_token is None:
