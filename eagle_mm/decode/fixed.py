@@ -191,16 +191,17 @@ class FixedStorage:
         write = torch.arange(T + pad, device=input_ids.device)
         args = (self.model, self.cache, self.kinds, self._cache_kwarg, cap, input_ids, slot_pos, pos, write,
                 position_ids)
+        # The first prefill into a new cache initializes its layers (allocations and attribute writes a compiled
+        # step would specialize on and trace): it runs eagerly; compiled steps only ever see initialized layers.
         ready = all(layer.is_initialized for layer in self.cache.layers)
-        logits, feats = self._prefill(*args)
-        # A compiled step specializes on the cache layers being initialized: after a first prefill initialized
-        # them, its next call recompiles, which must not happen inside a capture; that bucket captures next call.
-        if (ready or self.mode == "graphs") and getattr(self._prefill, "warmed_only", lambda *a: False)(*args):
+        prefill = self._prefill if ready or self.mode in (None, "graphs") else prefill_step
+        logits, feats = prefill(*args)
+        if prefill is self._prefill and getattr(prefill, "warmed_only", lambda *a: False)(*args):
             # A prefill runs once per call: capture it in this call, so that the next call of this bucket replays
             # it. The warm-up advanced the write pointers; the capture's replay writes the same slots again.
             for layer in self._layers_initialized():
                 layer.cumulative_length.zero_()
-            logits, feats = self._prefill(*args)
+            logits, feats = prefill(*args)
         pos[:, : T + pad] = slot_pos
         return logits[:, -1], feats, input_ids, slot_pos
 
