@@ -356,7 +356,8 @@ def test_a_second_process_reuses_the_disk_cache(tmp_path):
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         assert line, proc.stderr[-3000:]
         runs.append(json.loads(line[0][7:]))
-    assert runs[0]["hits"] == 0 and runs[1]["hits"] >= 4  # prefill, draft, verify and update: all from the disk
+    # draft, verify and update from the disk (the first prefill into a fresh cache runs eagerly: it initializes it)
+    assert runs[0]["hits"] == 0 and runs[1]["hits"] >= 3
     assert runs[1]["compile"] < runs[0]["compile"]
 
 
