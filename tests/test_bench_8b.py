@@ -29,7 +29,7 @@ def test_bench_8b_tiny(tmp_path):
     assert json.loads(out.read_text()) == data
     assert not [r for r in data["rows"] if "error" in r]
     rows = [r for r in data["rows"] if "accept" in r]
-    assert {(r["mode"], r["accept"]) for r in rows} == {(m, a) for m in ("ours_compiled", "ours_eager")
+    assert {(r["mode"], r["accept"]) for r in rows} == {(m, a) for m in ("ours_default", "ours_compiled", "ours_eager")
                                                         for a in (1.0, 3.0)}
     assert all(r["matches_generate"] for r in rows)
     forced3 = [r["mean_accept_length"] for r in rows if r["accept"] == 3.0]
@@ -38,8 +38,6 @@ def test_bench_8b_tiny(tmp_path):
         assert r["draft_ms"] > 0 and r["verify_sync_ms"] > 0 and r["cudagraph_skips"] == 0
         assert abs(r["draft_ms"] + r["verify_sync_ms"] + r["other_ms"] - r["cycle_ms"]) < 1e-6
     assert any(r["mode"] == "generate_compiled" and r["matches_generate"] for r in data["rows"])
-    verify = {r["q"]: r for r in data["rows"] if r["mode"] == "verify_forward"}
-    assert sorted(verify) == [1, data["meta"]["tree"]["total_tokens"] + 1] and all(r["ms"] > 0 for r in verify.values())
 
 
 @pytest.mark.slow
