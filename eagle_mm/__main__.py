@@ -2,7 +2,7 @@
 
 import sys
 
-from eagle_mm.cli import main
+from eagle_mm.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

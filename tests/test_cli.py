@@ -2,7 +2,7 @@
 
 import pytest
 
-from eagle_mm.cli import main
+from eagle_mm.cli.main import main
 
 
 def test_help_exits_zero(capsys):
@@ -369,7 +369,7 @@ def test_demo_image_without_a_path_renders_a_scene(monkeypatch, capsys, tmp_path
 
 
 def test_bench_table_tells_a_near_tie_from_a_mismatch():
-    from eagle_mm.benchmark import format_table
+    from eagle_mm.cli.bench import format_table
 
     meta = {"prompts": 2, "max_new_tokens": 8, "device": "cpu", "dtype": "torch.bfloat16", "repeats": 1,
             "tree": {"depth": 3, "top_k": 2, "total_tokens": 4}}

@@ -6,7 +6,7 @@ import torch
 import transformers as tf
 
 import eagle_mm as em
-from eagle_mm.arch import SUPPORTED_VLMS, resolve_target
+from eagle_mm.target.parts import SUPPORTED_VLMS, resolve_target
 from tests.tiny import module_hooks, prompt, tiny_model
 
 

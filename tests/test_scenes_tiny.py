@@ -11,6 +11,7 @@ import torch
 import eagle_mm as em
 from eagle_mm import zoo
 from eagle_mm.config import Eagle3Config
+from eagle_mm.target.parts import resolve_target
 from eagle_mm.zoo import scenes_data as sd
 from eagle_mm.zoo.scenes_tiny import HEADS, build, toy_config
 
@@ -105,7 +106,7 @@ def test_the_ablation_hides_the_image_from_the_draft(loaded, monkeypatch):
     for head, sees in ((zm.head, True), (zm.ablation_head, False)):
         seen.clear()
         em.speculative_generate(zm.target, head, **inputs, max_new_tokens=3)
-        assert head.reads_images(em.arch.resolve_target(zm.target)) is sees
+        assert head.reads_images(resolve_target(zm.target)) is sees
         if sees:
             shown = seen[0][0, :-1]  # (T-1, H): the prompt's entries, without the first new token
             own = head.embed(inputs["input_ids"][:, 1:])[0]
@@ -132,7 +133,7 @@ def test_the_blind_ablation_zeroes_the_image_positions_features(loaded, monkeypa
 
 
 def test_hide_image_features_names_bad_input():
-    from eagle_mm.multimodal import hide_image_features
+    from eagle_mm.target.multimodal import hide_image_features
 
     feats = torch.ones(1, 4, 6)
     ids = torch.tensor([[1, 9, 9, 2]])

@@ -324,7 +324,7 @@ def test_bench_records_a_failing_method_and_goes_on(built, tmp_path, monkeypatch
 
 
 def test_demo_uses_the_zoo_model(built, monkeypatch, capsys):
-    from eagle_mm.cli import main
+    from eagle_mm.cli.main import main
 
     monkeypatch.setenv(zoo.ZOO_ENV, str(built[0]))
     assert main(["demo", "--max-new-tokens", "8"]) == 0
@@ -334,7 +334,7 @@ def test_demo_uses_the_zoo_model(built, monkeypatch, capsys):
 
 
 def test_demo_says_when_it_falls_back_to_a_random_model(tmp_path, monkeypatch, capsys):
-    from eagle_mm.cli import main
+    from eagle_mm.cli.main import main
 
     monkeypatch.setenv(zoo.ZOO_ENV, str(tmp_path))
     assert main(["demo", "--max-new-tokens", "4"]) == 0

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..arch import resolve_target
-from ..compat import cache_kwarg, output_cache
+from ..target.parts import resolve_target
+from ..target.compat import cache_kwarg, output_cache
 from ..config import TreeConfig
 from .draft import HeadCache, draft_candidates, extend_head
-from ..features import FeatureCapture
+from ..target.features import FeatureCapture
 from .tree import greedy_accept, select_tree
 # The device-cost half of tree="auto" lives in autotree_costs; its public names stay importable from here.
 from .autotree_costs import (SIZES, TOP_KS, TOTALS, DeviceCosts, measure_costs, measure_draft_cost,

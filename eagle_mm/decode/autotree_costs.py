@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..arch import resolve_target
+from ..target.parts import resolve_target
 from .dynamic import CacheSnapshot, SlotBook, keep_path
 from .masks import layer_kinds, tree_masks
-from ..compat import cache_kwarg, output_cache
+from ..target.compat import cache_kwarg, output_cache
 from ..config import TreeConfig
 from .draft import draft_tree, extend_head
 from ..kernels import verify_greedy

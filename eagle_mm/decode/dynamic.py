@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..compat import cache_kwarg, output_cache
+from ..target.compat import cache_kwarg, output_cache
 from .accept import committed
 from .draft import HeadCache, draft_tree, extend_head, scratch_slots
 from .masks import layer_kinds, tree_masks

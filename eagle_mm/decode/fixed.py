@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..compat import cache_kwarg
+from ..target.compat import cache_kwarg
 from .accept import committed
 from .draft import HeadCache, draft_candidates, head_entries, node_q, scratch_slots
 from .graphs import setup_seconds, wrapped

@@ -22,10 +22,10 @@ import torch
 from transformers import StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
-from ..arch import resolve_target
+from ..target.parts import resolve_target
 from ..config import TreeConfig, bound_tree
-from ..features import FeatureCapture
-from ..multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
+from ..target.features import FeatureCapture
+from ..target.multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
     verify_positions
 from .accept import accept
 from .draft import DraftSampler, extend_head

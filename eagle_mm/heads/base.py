@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..arch import TargetParts, execution_device, resolve_target
+from ..target.parts import TargetParts, execution_device, resolve_target
 from .layers import rope_cos_sin, rope_inv_freq
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..arch import execution_device
+from ..target.parts import execution_device
 from ..config import Eagle3Config, EagleConfig, TreeConfig
 from .base import DraftHead, Layout, get_layout, head_class, register_layout
 from .atomic import atomic_dir

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..arch import execution_device, resolve_target
+from ..target.parts import execution_device, resolve_target
 from ..config import Eagle3Config, EagleConfig
 from .atomic import atomic_dir
 from .base import DraftHead, Layout, claiming_layout, head_class, register_layout

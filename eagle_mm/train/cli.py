@@ -18,7 +18,7 @@ import typing
 from collections.abc import Sequence
 from pathlib import Path
 
-from .._cliutil import check_model_dir, quiet_loading
+from ..cli.util import check_model_dir, quiet_loading
 from .config import TrainConfig
 
 __all__ = ["add_train_parser", "add_train_arguments", "run_train", "main"]

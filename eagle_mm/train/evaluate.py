@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..arch import execution_device
+from ..target.parts import execution_device
 from ..config import TreeConfig
 from ..decode.loop import speculative_generate
 from .data import PER_TOKEN_INPUTS

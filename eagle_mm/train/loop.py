@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..arch import resolve_target
+from ..target.parts import resolve_target
 from ..heads import Eagle3Head, EagleHead
 from ..heads.io import load_head
-from ..multimodal import hide_image_features
+from ..target.multimodal import hide_image_features
 from .accelerator import make_accelerator
 from .checkpoint import check_resumable, resolve_resume, save_checkpoint
 from .config import VARIANTS, TrainConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..arch import execution_device
+from ..target.parts import execution_device
 from .data import _render, has_images
 
 __all__ = ["regenerate_rows"]

@@ -1,5 +1,5 @@
 """The frozen target during training: loading it (whole, or only its embeddings for dumped features),
-and the no-grad forward that yields the head's input features through ``eagle_mm.features.FeatureCapture``.
+and the no-grad forward that yields the head's input features through ``eagle_mm.target.features.FeatureCapture``.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..arch import execution_device, resolve_target
-from ..features import FeatureCapture
+from ..target.parts import execution_device, resolve_target
+from ..target.features import FeatureCapture
 
 __all__ = ["load_tokenizer", "load_processor", "load_target", "load_target_embeddings", "target_features",
            "target_logits"]

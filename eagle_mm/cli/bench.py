@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from ._cliutil import check_model_dir
-from ._cliutil import positive_int as _positive_int
+from .util import check_model_dir
+from .util import positive_int as _positive_int
 
 __all__ = ["zoo_prompts", "timed", "run_benchmark", "format_table", "add_bench_parser", "run_bench"]
 
@@ -59,7 +59,7 @@ def timed(device: torch.device, fn: Callable):
 
 def _runners(target, heads: dict, tree, max_new_tokens: int) -> dict[str, Callable]:
     """name -> fn(enc, max_new_tokens) -> (sequences, SpeculativeStats or None); generate first."""
-    from .decode.loop import speculative_generate
+    from ..decode.loop import speculative_generate
 
     def plain(enc, n):
         return target.generate(**enc, max_new_tokens=n, do_sample=False), None
@@ -97,8 +97,8 @@ def run_benchmark(target, tokenizer, heads: dict, prompts: Sequence[str], *, max
     """
     from tqdm.auto import tqdm
 
-    from .config import TreeConfig
-    from .divergence import compare_greedy
+    from ..config import TreeConfig
+    from ..divergence import compare_greedy
 
     if not prompts:
         raise ValueError("no prompts to benchmark; pass at least one")
@@ -254,8 +254,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 def _load(args: argparse.Namespace):
     """(target, tokenizer, {method: head}, prompts, default tree)."""
-    from . import zoo
-    from .config import TreeConfig
+    from .. import zoo
+    from ..config import TreeConfig
 
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     if args.target is None:
@@ -268,7 +268,7 @@ def _load(args: argparse.Namespace):
         return model.target, model.tokenizer, heads, prompts, model.demo_tree()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .heads.io import load_head
+    from ..heads.io import load_head
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dtype is None:
@@ -292,7 +292,7 @@ def run_bench(args: argparse.Namespace) -> int:
     problem = _check_args(args)
     if problem:
         return _fail(problem)
-    from .config import TreeConfig
+    from ..config import TreeConfig
 
     given = {"depth": args.depth, "top_k": args.top_k, "total_tokens": args.total_tokens}
     given = {k: v for k, v in given.items() if v is not None}

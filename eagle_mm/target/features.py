@@ -19,7 +19,7 @@ import threading
 
 import torch
 
-from .arch import TargetParts, execution_device
+from .parts import TargetParts, execution_device
 
 __all__ = ["FeatureCapture"]
 

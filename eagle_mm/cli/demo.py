@@ -7,8 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ._cliutil import fail as _fail
-from ._cliutil import positive_int as _positive_int
+from .util import fail as _fail
+from .util import positive_int as _positive_int
 
 __all__ = ["add_demo_parser", "print_forwards"]
 
@@ -73,7 +73,7 @@ def _tree_kwargs(args: argparse.Namespace) -> dict:
 
 def _run_demo(args: argparse.Namespace) -> int:
     # Imported here so `eagle-mm --help` stays fast.
-    from . import zoo
+    from .. import zoo
 
     if args.compile and (args.image is not None or args.random):
         return _fail("--compile applies to the code reference model; the image demo (a VLM) and the random model "
@@ -99,13 +99,13 @@ def _run_image_demo(args: argparse.Namespace) -> int:
     if not scene and not Path(args.image).is_file():
         return _fail(f"--image {args.image!r} is not a file; pass the path of a PNG or JPEG image")
     try:
-        from .zoo import scenes_tiny
+        from ..zoo import scenes_tiny
     except ModuleNotFoundError as exc:
         if exc.name != "eagle_mm.zoo.scenes_tiny":
             raise
         return _fail("--image needs the scenes-tiny reference VLM (eagle_mm.zoo.scenes_tiny), which this version of "
                      "eagle_mm lacks; run `eagle-mm demo` without --image for the code model")
-    from .config import TreeConfig
+    from ..config import TreeConfig
 
     given = _tree_kwargs(args)
     options = {"max_new_tokens": args.max_new_tokens, "device": args.device,
@@ -129,8 +129,8 @@ def _save_scene(name: str) -> Path:
     model describes); returns its absolute path."""
     import json
 
-    from . import zoo
-    from .zoo import scenes_data
+    from .. import zoo
+    from ..zoo import scenes_data
 
     config = json.loads((zoo.model_dir(name) / "target" / "config.json").read_text(encoding="utf-8"))
     path = Path("scene-0.png").resolve()
@@ -160,7 +160,7 @@ def print_forwards(stats, new_tokens: int) -> None:
 
 def _print_demo_result(model, reference, out, prompt_length: int, generate_s: float, speculative_s: float) -> bool:
     """The shared part of both demos' report; returns False on a mismatch that rounding does not explain."""
-    from .divergence import compare_greedy
+    from ..divergence import compare_greedy
 
     verdict = compare_greedy(model, reference, out.sequences, prompt_length)
     stats = out.stats
@@ -175,7 +175,7 @@ def _print_demo_result(model, reference, out, prompt_length: int, generate_s: fl
 def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
     import eagle_mm
     from eagle_mm import zoo
-    from eagle_mm.benchmark import timed, zoo_prompts
+    from eagle_mm.cli.bench import timed, zoo_prompts
 
     model = zoo.load_dir(path, device=args.device)
     target, tokenizer = model.target, model.tokenizer
@@ -225,7 +225,7 @@ def _run_random_demo(args: argparse.Namespace) -> int:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import eagle_mm
-    from eagle_mm.benchmark import timed
+    from eagle_mm.cli.bench import timed
 
     torch.manual_seed(args.seed)
     # No EOS token: every run decodes exactly --max-new-tokens tokens.

@@ -13,9 +13,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._cliutil import check_model_dir, check_prompt, quiet_loading
-from ._cliutil import fail as _fail
-from ._cliutil import positive_int as _positive_int
+from .util import check_model_dir, check_prompt, quiet_loading
+from .util import fail as _fail
+from .util import positive_int as _positive_int
 from .demo import add_demo_parser as _add_demo
 from .demo import print_forwards
 
@@ -165,7 +165,7 @@ def _compare(model, inputs: dict, options: dict, args: argparse.Namespace, seque
     1 on a mismatch that rounding does not explain)."""
     import torch
 
-    from .divergence import compare_greedy
+    from ..divergence import compare_greedy
 
     if args.seed is not None:
         torch.manual_seed(args.seed)
@@ -185,19 +185,19 @@ def _compare(model, inputs: dict, options: dict, args: argparse.Namespace, seque
 
 
 def _add_export(subparsers: argparse._SubParsersAction) -> None:
-    from .export import add_export_parser
+    from ..export import add_export_parser
 
     add_export_parser(subparsers)
 
 
 def _add_bench(subparsers: argparse._SubParsersAction) -> None:
-    from .benchmark import add_bench_parser
+    from .bench import add_bench_parser
 
     add_bench_parser(subparsers)
 
 
 def _add_train(subparsers: argparse._SubParsersAction) -> None:
-    from .train.cli import add_train_parser
+    from ..train.cli import add_train_parser
 
     add_train_parser(subparsers)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .arch import TargetParts
+from .parts import TargetParts
 
 __all__ = ["PREFILL_INPUTS", "ImagePrompt", "image_prompt", "check_images", "hide_image_features", "rope_offsets",
            "verify_positions"]
