@@ -32,7 +32,7 @@ def test_demo_compiled_matches_generate(capsys):
     status = main(["demo", "--max-new-tokens", "8", "--compile"])
     out = capsys.readouterr().out
     assert status == 0, out
-    assert "static cache, compiled" in out and "identical: True" in out
+    assert "tree: depth=3, top_k=1, total_tokens=3, compiled" in out and "identical: True" in out
 
 
 @pytest.mark.parametrize("extra", (["--random"], ["--image"]))

@@ -55,9 +55,9 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
         help="draft head: eagle (EAGLE-1/2) or eagle3 (EAGLE-3)",
     )
     parser.add_argument("--compile", action="store_true",
-                        help="code model: decode with cache_implementation='static', compile=True (the cycle as "
-                             "three compiled graphs); the first call compiles, untimed: a minute or more on a "
-                             "2-core CPU the first time, less once inductor has cached its kernels")
+                        help="code model: decode with compile=True (the engine's steps compiled by inductor); the "
+                             "first call compiles, untimed: a minute or more on a 2-core CPU the first time, less "
+                             "once inductor has cached its kernels")
     tree = parser.add_argument_group("draft tree (defaults: eagle_mm.TreeConfig)")
     tree.add_argument("--depth", type=_positive_int, default=None)
     tree.add_argument("--top-k", type=_positive_int, default=None)
@@ -77,7 +77,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     if args.compile and (args.image is not None or args.random):
         return _fail("--compile applies to the code reference model; the image demo (a VLM) and the random model "
-                     "decode on the dynamic cache: drop --compile")
+                     "decode uncompiled: drop --compile")
     if args.image is not None:
         return _run_image_demo(args)
     if not args.random:
@@ -184,17 +184,16 @@ def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
     enc = tokenizer(prompt, return_tensors="pt").to(target.device)
     prompt_length = enc["input_ids"].shape[1]
     given = _tree_kwargs(args)
-    # The model's suggested tree for this device (small on a CPU) unless any tree option was given.
+    # What the default call drafts on this device (a short chain on a CPU) unless any tree option was given.
     tree = eagle_mm.TreeConfig(**given) if given else model.demo_tree()
     options = {"max_new_tokens": args.max_new_tokens, "do_sample": False}
-    static = {"cache_implementation": "static", "compile": True} if args.compile else {}
+    static = {"compile": True} if args.compile else {}
     if static:
-        print("compiling the static decode path (untimed; a minute or more on a 2-core CPU the first time, less once "
+        print("compiling the engine's steps (untimed; a minute or more on a 2-core CPU the first time, less once "
               "inductor has cached its kernels) ...", flush=True)
-    # Untimed warm-up of both paths (allocator, kernels, lazy inits, the compile), so neither pays it in the timing.
-    # The static path warms up at the full length: its cache length, and so its graphs, follow max_new_tokens.
-    warm = options if static else dict(options, max_new_tokens=8)
-    eagle_mm.speculative_generate(target, head, **enc, **warm, tree=tree, **static)
+    # Untimed warm-up of both (allocator, kernels, lazy inits, graphs, the compile), so neither pays it in the
+    # timing; at the full length, since the engine's cache length (and so its graphs) follows max_new_tokens.
+    eagle_mm.speculative_generate(target, head, **enc, **options, tree=tree, **static)
     target.generate(**enc, **dict(options, max_new_tokens=8))
     reference, generate_s = timed(target.device, lambda: target.generate(**enc, **options))
     out, speculative_s = timed(target.device, lambda: eagle_mm.speculative_generate(
@@ -207,7 +206,7 @@ def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
           f"{toy} validation perplexity {info.get('val_perplexity', float('nan')):.2f}), head: "
           f"{type(head).__name__} (trained), {target.device}, {target.dtype}")
     print(f"tree: depth={tree.depth}, top_k={tree.top_k}, total_tokens={tree.total_tokens}"
-          f"{', static cache, compiled' if static else ''}")
+          f"{', compiled' if static else ''}")
     print(f"prompt ({prompt_length} tokens):")
     print(prompt, end="" if prompt.endswith("\n") else "\n")
     print(f"completion ({out.sequences.shape[1] - prompt_length} tokens):")
@@ -215,8 +214,8 @@ def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
     print("---")
     ok = _print_demo_result(target, reference, out, prompt_length, generate_s, speculative_s)
     if not static and target.device.type == "cpu" and speculative_s > generate_s:
-        print("note: on a CPU the eager loop's per-step overhead is about what a model this small saves; "
-              "`eagle-mm demo --compile` times the compiled static path (docs/benchmarks.md)")
+        print("note: slower than generate in this run: on a shared 2-core CPU timings vary from run to run; "
+              "`eagle-mm demo --compile` times the compiled engine (docs/benchmarks.md)")
     return 0 if ok else 1
 
 

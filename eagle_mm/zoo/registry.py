@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ZOO_ENV", "MODELS", "DEMO_TREES", "ZooModel", "ScenesModel", "model_dir", "is_available", "load",
+__all__ = ["ZOO_ENV", "MODELS", "ZooModel", "ScenesModel", "model_dir", "is_available", "load",
            "load_dir", "load_scenes_dir"]
 
 ZOO_ENV = "EAGLE_MM_ZOO_DIR"
@@ -29,7 +29,6 @@ _PARTS = {"code-tiny": ("manifest.json", "target", "assistant", "eagle", "eagle3
 # The draft tree a demo uses per device type unless told otherwise. On a CPU a verify forward costs about as
 # much per token as the tokens it checks beyond a handful, so a small tree wins; on a GPU it is nearly flat,
 # so TreeConfig's default. (Measured choices: bench/bench_code_tiny.py --depth/--top-k/--total-tokens.)
-DEMO_TREES = {"cpu": {"depth": 5, "top_k": 2, "total_tokens": 8}, "cuda": {}}
 
 
 @dataclass
@@ -47,15 +46,15 @@ class ZooModel:
     prompts: list[str] = field(default_factory=list)  # validation prompts (prompts.json)
 
     def demo_tree(self):
-        """The ``TreeConfig`` suggested for the target's device (``DEMO_TREES``)."""
+        """The ``TreeConfig`` the default call drafts on the target's device at batch 1."""
         return demo_tree(self.target.device)
 
 
 def demo_tree(device: torch.device):
-    """The ``TreeConfig`` suggested for a device type (``DEMO_TREES``)."""
-    from ..config import TreeConfig
+    """The ``TreeConfig`` the default call drafts on ``device`` at batch 1 (``decode.options.default_tree``)."""
+    from ..decode.options import default_tree
 
-    return TreeConfig(**DEMO_TREES.get(torch.device(device).type, {}))
+    return default_tree(torch.device(device), 1)
 
 
 def _root() -> tuple[Path, str]:
@@ -183,7 +182,7 @@ class ScenesModel:
                 "pixel_values": pix.to(dev, self.target.dtype)}
 
     def demo_tree(self):
-        """The ``TreeConfig`` suggested for the target's device (``DEMO_TREES``)."""
+        """The ``TreeConfig`` the default call drafts on the target's device at batch 1."""
         return demo_tree(self.target.device)
 
 
