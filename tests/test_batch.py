@@ -33,7 +33,8 @@ def _forced(model, kind, ids, mask, n_new, error_rate, seed=0):
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_greedy_batch_equals_generate(family):
+@pytest.mark.parametrize("storage", [None, "dynamic"], ids=["engine", "fallback"])
+def test_greedy_batch_equals_generate(family, storage):
     model = tiny_model(family)
     ids, mask = _batch()
     n_new = 24
@@ -42,9 +43,9 @@ def test_greedy_batch_equals_generate(family):
                              ("eagle", 0.35, em.TreeConfig.chain(4))]:
         head = _forced(model, kind, ids, mask, n_new, rate, seed=len(family))
         out = em.speculative_generate(model, head, input_ids=ids, attention_mask=mask, max_new_tokens=n_new,
-                                      tree=tree, return_dict_in_generate=True)
+                                      tree=tree, return_dict_in_generate=True, cache_implementation=storage)
         assert torch.equal(out.sequences, ref), (family, kind)
-        assert out.stats.mean_accept_length > 1.5
+        assert out.stats.mean_accept_length > 1.5 and out.stats.engine == ("dynamic" if storage else "fixed")
 
 
 @pytest.mark.compat
