@@ -145,7 +145,6 @@ def test_stats_report_timing_split_and_counts():
 @pytest.mark.parametrize("opts,match", [
     (dict(num_beams=2), "num_beams"),
     (dict(num_return_sequences=2), "num_return_sequences"),
-    (dict(output_scores=True, return_dict_in_generate=True), "output_scores"),
     (dict(penalty_alpha=0.5, top_k=4), "penalty_alpha"),
     (dict(use_cache=False), "use_cache"),
     (dict(prompt_lookup_num_tokens=3), "prompt_lookup_num_tokens"),
@@ -191,3 +190,23 @@ def test_length_processors_run_batched_as_per_node():
             seq = torch.cat((rows[b], paths[b, i, 1: int(depth[b, i]) + 1]))[None]
             assert torch.equal(got[b, i], procs(seq, logits[b, i][None].float())[0]), (b, i)
     assert torch.isinf(got).any() and not torch.isinf(got).all()  # the case exercises both sides of each minimum
+
+
+@pytest.mark.parametrize("storage", [None, "dynamic"], ids=["engine", "fallback"])
+def test_output_logits_and_scores_equal_generate(storage):
+    """output_logits / output_scores: the target's logits (and processed scores) behind each committed token,
+    as generate() returns them (fp32: equal up to the verify's batched rounding), accepted paths included."""
+    model = tiny_model("llama")
+    ids = prompt(8)
+    opts = dict(max_new_tokens=16, do_sample=False, repetition_penalty=1.3, output_logits=True, output_scores=True,
+                return_dict_in_generate=True)
+    ref = model.generate(ids, **opts)
+    longer = model.generate(ids, max_new_tokens=32, do_sample=False, repetition_penalty=1.3)[0]
+    wrong = torch.rand(longer.numel(), generator=torch.Generator().manual_seed(1)) < 0.1
+    head = ForcedHead(em.Eagle3Head.from_target(model), longer, wrong)  # proposes the penalized continuation
+    out = em.speculative_generate(model, head, input_ids=ids, tree=CHAIN, cache_implementation=storage, **opts)
+    assert torch.equal(out.sequences, ref.sequences) and out.stats.mean_accept_length > 2
+    assert len(out.logits) == len(ref.logits) == 16 and len(out.scores) == len(ref.scores) == 16
+    for ours, theirs in zip(out.logits + out.scores, ref.logits + ref.scores):
+        torch.testing.assert_close(ours, theirs.float(), rtol=1e-4, atol=1e-4)
+    assert not all(torch.equal(a, b) for a, b in zip(out.logits, out.scores))  # the penalty changed the scores

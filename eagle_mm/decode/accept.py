@@ -19,7 +19,8 @@ __all__ = ["accept", "committed"]
 
 def accept(tree: Tree, logits: torch.Tensor, q_nodes: torch.Tensor | None, processors, rows: list, depth: int,
            generator: torch.Generator | None):
-    """(accept_len (B,), path (B, D+1), bonus (B, 1)) for the target's logits (B, N+1, V) at the tree's nodes.
+    """(accept_len (B,), path (B, D+1), bonus (B, 1), scores (B, N+1, V)) for the target's logits (B, N+1, V) at
+    the tree's nodes; ``scores`` are the processed logits the acceptance read.
 
     ``q_nodes`` (B, N+1, V): the draft distribution each node's children were drawn from (sampling), or None
     (greedy). ``rows``: each row's sequence so far, for processors that read it (else empty).
@@ -32,7 +33,7 @@ def accept(tree: Tree, logits: torch.Tensor, q_nodes: torch.Tensor | None, proce
         scores = process_tree_logits(processors, rows, tree, logits, depth)  # (B, N+1, V) fp32
         accept_len, best, bonus = tree_rejection_sample_scores(tree, scores, q_nodes, generator)
         path = path_indices(tree, best, depth)  # (B, D+1)
-    return accept_len, path, bonus[:, None]
+    return accept_len, path, bonus[:, None], scores
 
 
 def committed(tokens: torch.Tensor, q_pos: torch.Tensor, accept_len: torch.Tensor, path: torch.Tensor,

@@ -175,7 +175,17 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     if streamer is not None:
         streamer.end()
     sequences = _assemble(input_ids, state.generated, pad_id(gen))
-    return SpeculativeOutput(sequences, stats) if gen.return_dict_in_generate else sequences
+    if not gen.return_dict_in_generate:
+        return sequences
+    return SpeculativeOutput(sequences, stats, _per_step(state.logits), _per_step(state.scores))
+
+
+def _per_step(rows: list[list[torch.Tensor]] | None):
+    """Per-row lists of (V,) rows -> generate()'s tuple of (B, V) per new token (a finished row repeats its last)."""
+    if rows is None:
+        return None
+    width = max(len(r) for r in rows)
+    return tuple(torch.stack([r[min(i, len(r) - 1)] for r in rows]) for i in range(width))
 
 
 class _NoLock:
@@ -251,13 +261,26 @@ def _prefill(model, head, cap, store, input_ids, mask, position_ids, images, pro
     hcache, h_out, h_logits = extend_head(head, None, feats, head_tokens, slot_pos, embeds=embeds)
     store.start(hcache, root, position_ids[:, -1] + 1, h_out[:, -1], h_logits[:, -1])
     B = input_ids.shape[0]
+    logits = [[r] for r in last_logits.float().cpu()] if gen.output_logits else None
+    kept_scores = [[r] for r in scores.cpu()] if gen.output_scores else None
     return DecodeState(prompt=input_ids.tolist(), generated=[[] for _ in range(B)], finished=[False] * B,
                        first=root.cpu(), rope_offsets=rope_offsets(images, position_ids) if images is not None
-                       else None)
+                       else None, logits=logits, scores=kept_scores)
 
 
-def _commit(state: DecodeState, new_tokens: list[list[int]], criteria, streamer) -> None:
-    """Append each row's new tokens, up to where generate()'s criteria, asked after every token, stop it."""
+def _kept_rows(state: DecodeState, path: torch.Tensor, logits: torch.Tensor, scores: torch.Tensor):
+    """output_logits / output_scores: the (B, D+1, V) rows at the path's nodes (node j chose committed token j),
+    copied out of the verify's output; None when neither was asked for."""
+    if state.logits is None and state.scores is None:
+        return None
+    idx = path[:, :, None].expand(-1, -1, logits.shape[-1])
+    return (logits.gather(1, idx).float().cpu() if state.logits is not None else None,
+            scores.gather(1, idx).float().cpu() if state.scores is not None else None)
+
+
+def _commit(state: DecodeState, new_tokens: list[list[int]], criteria, streamer, kept=None) -> None:
+    """Append each row's new tokens, up to where generate()'s criteria, asked after every token, stop it.
+    ``kept``: the (B, K, V) logits and scores behind the new tokens (output_logits / output_scores), or None."""
     for b, toks in enumerate(new_tokens):
         if state.finished[b]:
             continue
@@ -267,6 +290,9 @@ def _commit(state: DecodeState, new_tokens: list[list[int]], criteria, streamer)
         taken = toks if stop is None else toks[: stop + 1]
         state.generated[b].extend(taken)
         state.finished[b] = stop is not None
+        for rows, part in zip((state.logits, state.scores), kept or ()):
+            if rows is not None:
+                rows[b].extend(part[b, : len(taken)])
         if streamer is not None and b == 0 and taken:
             streamer.put(torch.tensor(taken))
 
@@ -280,14 +306,15 @@ def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, ge
     # Verify: root + N nodes in one target forward with the tree mask, then the acceptance.
     logits, feats = store.verify(cap, tree, q_pos, verify_positions(q_pos, state.rope_offsets))  # (B, N+1, V|F)
     rows = [state.row(b) for b in range(len(state.prompt))] if reads_input_ids(processors) else []
-    accept_len, path, bonus = accept(tree, logits, q_nodes, processors, rows, D, generator)
+    accept_len, path, bonus, scores = accept(tree, logits, q_nodes, processors, rows, D, generator)
+    kept = _kept_rows(state, path, logits, scores)  # before the next verify reuses the logits' memory
     # Keep the path, extend the head and set the next root on the device, then the cycle's one host read of the
     # accept lengths and new tokens (the engine queues the next draft behind it on CUDA).
     host = store.read(store.update(tree.tokens, q_pos, feats, accept_len, path, bonus))  # (B, 1 + D+1)
     t2 = time.perf_counter()
     acc = host[:, 0].tolist()
     _count(stats, acc, state.finished, tree.size - 1)
-    _commit(state, [host[b, 1: acc[b] + 2].tolist() for b in range(len(acc))], criteria, streamer)
+    _commit(state, [host[b, 1: acc[b] + 2].tolist() for b in range(len(acc))], criteria, streamer, kept)
     store.advance(max(acc) + 1)
     t3 = time.perf_counter()
     stats.time_draft += t1 - t0

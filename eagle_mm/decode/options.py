@@ -27,8 +27,6 @@ _UNSUPPORTED = {
     "num_beam_groups": (1, "beam search is not speculative decoding"),
     "penalty_alpha": (None, "contrastive search is not supported"),
     "dola_layers": (None, "DoLa decoding is not supported"),
-    "output_scores": (False, "per-step scores are not returned"),
-    "output_logits": (False, "per-step logits are not returned"),
     "output_attentions": (False, "attentions are not returned"),
     "output_hidden_states": (False, "hidden states are not returned"),
     "guidance_scale": (None, "classifier-free guidance runs extra target forwards"),

@@ -19,6 +19,9 @@ class DecodeState:
     finished: list[bool]
     first: torch.Tensor  # (B,) the prefill's token, on the host
     rope_offsets: torch.Tensor | None  # (3, B) M-RoPE offset of each axis from the text position, else None
+    # output_logits / output_scores: per row, the target's raw / processed (V,) rows behind each committed token
+    logits: list[list[torch.Tensor]] | None = None
+    scores: list[list[torch.Tensor]] | None = None
 
     def row(self, b: int) -> torch.Tensor:
         return torch.tensor(self.prompt[b] + self.generated[b], dtype=torch.long)
@@ -80,3 +83,7 @@ class SpeculativeStats:
 class SpeculativeOutput:
     sequences: torch.Tensor  # (B, L + generated), padded like generate()'s
     stats: SpeculativeStats
+    # With output_logits / output_scores, as generate() returns them: one (B, V) tensor per new token position,
+    # the target's raw logits / processed scores that chose it (a row that has finished repeats its last row).
+    logits: tuple | None = None
+    scores: tuple | None = None
