@@ -13,6 +13,7 @@ steps run as CUDA graphs on CUDA) by default, or HF's ``DynamicCache`` (``dynami
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -153,8 +154,8 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
                                        device=input_ids.device)
     sampler = DraftSampler.from_processors(logits_processor, head, generator) if gen.do_sample else None
     stats = SpeculativeStats(accept_counts=[0] * tree.depth, tree=tree, autotree=autotree, engine=kind, mode=mode)
-    lock = _model_lock(model) if kind == "fixed" else None
-    with (lock or _NoLock()), FeatureCapture(parts, head.feature_layers(parts.num_layers),
+    lock = _model_lock(model) if kind == "fixed" else contextlib.nullcontext()
+    with lock, FeatureCapture(parts, head.feature_layers(parts.num_layers),
                                             input_embeds=head.reads_images(parts)) as cap:
         if kind == "fixed":
             store = FixedStorage(model, head, kinds, tree, input_ids.shape[0], input_ids.shape[1],
@@ -186,14 +187,6 @@ def _per_step(rows: list[list[torch.Tensor]] | None):
         return None
     width = max(len(r) for r in rows)
     return tuple(torch.stack([r[min(i, len(r) - 1)] for r in rows]) for i in range(width))
-
-
-class _NoLock:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _model_lock(model) -> threading.RLock:
