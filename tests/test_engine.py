@@ -371,3 +371,23 @@ def test_warmup_runs_the_shapes_ahead():
     out = em.speculative_generate(model, head, prompt(9, batch=2), max_new_tokens=8, tree=TREE,
                                   return_dict_in_generate=True)
     assert out.stats.time_compile == 0 and _CACHES[model].batch == 2
+
+
+def test_a_compile_failure_falls_back_with_a_warning(monkeypatch, caplog):
+    """compile=...: a step whose compilation fails runs uncompiled, with one warning per step, same tokens."""
+    import eagle_mm.decode.graphs as graphs
+
+    def failing(fn, **_options):
+        def run(*args):
+            raise torch._dynamo.exc.BackendCompilerFailed(failing, RuntimeError("no compiler here"), None)
+        return run
+
+    monkeypatch.setattr(graphs.torch, "compile", failing)
+    model = tiny_model("llama")
+    ids = prompt(8)
+    head, ref = _forced(model, ids, torch.ones_like(ids), 12)
+    with caplog.at_level(logging.WARNING, logger="eagle_mm.decode.graphs"):
+        out = _run(model, head, ids, None, 12, TREE, compile="default")
+    assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]]) and out.stats.mode == "default"
+    failed = {r.getMessage().split(" failed")[0] for r in caplog.records if "runs uncompiled" in r.getMessage()}
+    assert len(failed) == 3  # draft, verify and update (the first prefill into a new cache runs eagerly anyway)

@@ -103,8 +103,19 @@ def test_specforge_qwen2_5_vl_head_decodes_losslessly(tmp_path):
 
 
 @pytest.mark.parametrize("config", [SPECFORGE_QWEN3_VL, ANGELSLIM_QWEN3_VL], ids=["specforge", "angelslim"])
+def test_qwen3_vl_heads_decode_losslessly(tmp_path, config):
+    tiny = tiny_vlm("qwen3_vl")
+    model = tiny.model
+    head = em.load_head(_write(tmp_path / "head", config), target=model).float()  # the tiny target is fp32
+    for rows, images in (([[[5, 6], "img", [7, 8]]], [picture(2)]), ([[[5, 6, 7, 8, 9]]], [])):
+        inputs = tiny.inputs(rows, images)
+        ref = model.generate(**inputs, max_new_tokens=10, do_sample=False)
+        out = em.speculative_generate(model, head, **inputs, max_new_tokens=10, tree=em.TreeConfig(3, 3, 6))
+        assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("config", [SPECFORGE_QWEN3_VL, ANGELSLIM_QWEN3_VL], ids=["specforge", "angelslim"])
 def test_qwen3_vl_heads_load_with_their_shapes(tmp_path, config):
-    """Load and shapes only: the Qwen3-VL tiny target lives with the Qwen3-VL target support."""
     head = em.load_head(_write(tmp_path / "head", config))
     _check_loaded(head, config)
     assert head.feature_layers(8) == (2, 4, 5)  # no aux ids in either config: the defaults

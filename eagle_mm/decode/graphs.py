@@ -106,6 +106,7 @@ class OwnGraph:
         self._graphs: OrderedDict = OrderedDict()  # key -> _Captured, or a list of refs after the warm-up call
         self.captures = 0  # graphs captured so far (tests read it)
         self.setup = 0.0  # seconds spent in warm-up calls and captures (``setup_seconds`` sums them)
+        self.failed: str | None = None  # why a capture failed: then every call just runs ``inner``
 
     def __call__(self, *args):
         sig = _Signature(args, self.unkeyed)  # unkeyed arguments hold no tensors (the contract)
@@ -134,14 +135,24 @@ class OwnGraph:
             self.setup += time.perf_counter() - t0
             return out
         self._graphs.move_to_end(sig.key)
+        if self.failed:
+            return self.inner(*args)
         if isinstance(entry, _Captured):
             for src, dst in zip(sig.transient, entry.buffers):
                 if src.data_ptr() != dst.data_ptr():
                     dst.copy_(src)
         else:
             t0 = time.perf_counter()
-            entry = self._graphs[sig.key] = self._capture(args, sig)
-            self.setup += time.perf_counter() - t0
+            try:
+                entry = self._graphs[sig.key] = self._capture(args, sig)
+            except Exception as e:  # any capture failure: this function runs without graphs from now on
+                self.failed = f"{type(e).__name__}: {e}"
+                logger.warning("capturing the %s as a CUDA graph failed (%s); it runs without CUDA graphs",
+                               self.what, str(e).splitlines()[0] if str(e) else type(e).__name__)
+                torch.cuda.synchronize()
+                return self.inner(*args)
+            finally:
+                self.setup += time.perf_counter() - t0
         entry.graph.replay()
         return entry.out
 
@@ -178,20 +189,29 @@ def _alive(kept: list, now: list) -> bool:
 _WRAPPED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-class _Timed:
-    """A compiled function (no CUDA graphs) that counts the seconds of its first call (the compile) as setup."""
+class _Compiled:
+    """``torch.compile(fn)`` that counts the seconds of its first call (the compile) as setup, and runs ``fn``
+    itself, with a warning, from the first call whose compilation fails."""
 
-    def __init__(self, inner):
-        self.inner, self.setup, self._first = inner, 0.0, True
+    def __init__(self, fn, what: str, **options):
+        self.fn, self.what, self.setup, self._first = fn, what, 0.0, True
+        self.inner = torch.compile(fn, dynamic=False, **options)
 
     def __call__(self, *args):
-        if not self._first:
-            return self.inner(*args)
+        if not self._first and self.inner is self.fn:
+            return self.fn(*args)
         t0 = time.perf_counter()
-        out = self.inner(*args)
-        self.setup += time.perf_counter() - t0
-        self._first = False
-        return out
+        try:
+            return self.inner(*args)
+        except torch._dynamo.exc.BackendCompilerFailed as e:
+            logger.warning("compiling the %s failed (%s); it runs uncompiled", self.what,
+                           str(e).splitlines()[0] if str(e) else type(e).__name__)
+            self.inner = self.fn
+            return self.fn(*args)
+        finally:
+            if self._first:
+                self.setup += time.perf_counter() - t0
+                self._first = False
 
 
 def wrapped(owner, name: str, fn, mode: str | None, *, unkeyed: tuple[int, ...] = ()):
@@ -211,9 +231,9 @@ def wrapped(owner, name: str, fn, mode: str | None, *, unkeyed: tuple[int, ...] 
         if mode == "graphs":
             table[key] = OwnGraph(fn, what, unkeyed)
         elif mode in _CUDA_GRAPH_MODES:
-            table[key] = OwnGraph(torch.compile(fn, mode=_NO_GRAPHS[mode], dynamic=False), what, unkeyed)
+            table[key] = OwnGraph(_Compiled(fn, what, mode=_NO_GRAPHS[mode]), what, unkeyed)
         else:
-            table[key] = _Timed(torch.compile(fn, mode=mode, dynamic=False))
+            table[key] = _Compiled(fn, what, mode=mode)
         logger.debug("%s runs with mode=%s", what, mode)
     return table[key]
 
