@@ -332,7 +332,7 @@ import json, torch
 from torch._dynamo.utils import counters
 import eagle_mm as em
 from tests.tiny import prompt, tiny_model
-model = tiny_model("llama", num_hidden_layers=2)
+model = tiny_model("llama", num_hidden_layers=4)
 head = em.Eagle3Head.from_target(model)
 out = em.speculative_generate(model, head, prompt(8), max_new_tokens=6, compile="default", tree=em.TreeConfig.chain(2),
                               return_dict_in_generate=True)

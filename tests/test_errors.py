@@ -1,6 +1,8 @@
 """Clear errors from the public API: each names the offending value; none leaves hooks on the target."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import transformers as tf
@@ -93,7 +95,7 @@ def test_custom_generate_is_ours_to_set(model, head):
 
 @pytest.mark.parametrize("tree", [(3, 2, 4), 5])
 def test_tree_not_a_tree_config(model, head, tree):
-    _fails(model, head, TypeError, type(tree).__name__, input_ids=prompt(4), tree=tree)
+    _fails(model, head, TypeError, re.escape(f"tree={tree!r}: expected a TreeConfig"), input_ids=prompt(4), tree=tree)
 
 
 def test_tree_top_k_larger_than_draft_vocab(model, head):

@@ -74,8 +74,8 @@ def test_draft_sees_the_image_features(family):
 @pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_vl_moe"])
 def test_head_reads_features_after_the_deepstack_addition(family):
     """The EAGLE-3 features the head gets at the prefill are the inputs of the aux layers: HF's hidden_states plus
-    Qwen3-VL's deepstack image features at the image positions (the default aux layers 2, 2, 1 of the tiny
-    target all follow a deepstack layer)."""
+    Qwen3-VL's deepstack image features at the image positions (of the tiny target's default aux layers 1, 2, 3,
+    the first two follow a deepstack layer)."""
     tiny = tiny_vlm(family)
     inputs = tiny.inputs([[[5, 6, 7], "img", [8, 9]]], [picture(10)])
     rec = _Recording(head_for("eagle3", tiny.model))
@@ -83,7 +83,7 @@ def test_head_reads_features_after_the_deepstack_addition(family):
     with torch.no_grad():
         hf = tiny.model(**inputs, output_hidden_states=True).hidden_states
     layers = rec.feature_layers(len(hf) - 1)
-    assert layers == (2, 2, 1)
+    assert layers == (1, 2, 3)
     expected = deepstack_added(tiny, inputs, hf)
     torch.testing.assert_close(rec.features[0], torch.cat([expected[i] for i in layers], -1), rtol=0, atol=0)
     image = inputs["input_ids"] == IMG

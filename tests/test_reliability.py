@@ -43,7 +43,7 @@ class _Fault(OSError):
 
 
 # Every call that writes or renames on the way from a head in memory to a head on disk.
-_WRITES = [("eagle_mm.heads.io", "save_file"), ("eagle_mm.export", "save_file"), ("torch", "save"),
+_WRITES = [("eagle_mm.heads.io", "save_file"), ("eagle_mm.heads.engines", "save_file"), ("torch", "save"),
            ("pathlib.Path", "write_text"), ("os", "rename"), ("os", "link"), ("os", "fsync"), ("os", "symlink"),
            ("eagle_mm.heads.atomic", "_exchange")]
 

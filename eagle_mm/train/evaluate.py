@@ -35,7 +35,9 @@ def eval_prompts(examples, limit: int) -> list:
 
 @torch.no_grad()
 def mean_accept_length(model, head, prompts, *, max_new_tokens: int, tree: TreeConfig | None = None) -> float:
-    """Tokens per target forward over all prompts (``SpeculativeStats.mean_accept_length``, draft-weighted)."""
+    """Tokens per target forward over all prompts (``SpeculativeStats.mean_accept_length``, draft-weighted), with
+    ``tree`` or the wide ``TreeConfig()`` on every device: a measure of the head, not of the device's default."""
+    tree = tree if tree is not None else TreeConfig()
     device = execution_device(model.get_input_embeddings())
     accepted = drafts = 0
     for prompt in prompts:
