@@ -89,25 +89,16 @@ def _check_loaded(head, config):
     assert "embed_tokens.weight" not in own  # the target's embedding is used
 
 
-def test_specforge_qwen2_5_vl_head_decodes_losslessly(tmp_path):
-    tiny = tiny_vlm("qwen2_5_vl")
+@pytest.mark.parametrize("family, config", [("qwen2_5_vl", SPECFORGE_QWEN2_5_VL), ("qwen3_vl", SPECFORGE_QWEN3_VL),
+                                            ("qwen3_vl", ANGELSLIM_QWEN3_VL)],
+                         ids=["specforge-qwen2.5-vl", "specforge-qwen3-vl", "angelslim-qwen3-vl"])
+def test_vlm_head_decodes_losslessly(tmp_path, family, config):
+    tiny = tiny_vlm(family)
     model = tiny.model
-    head = em.load_head(_write(tmp_path / "head", SPECFORGE_QWEN2_5_VL), target=model)
-    _check_loaded(head, SPECFORGE_QWEN2_5_VL)
+    head = em.load_head(_write(tmp_path / "head", config), target=model)
+    _check_loaded(head, config)
     head = head.float()  # the tiny target is fp32
     for rows, images in (([[[5, 6], "img", [7, 8]]], [picture(1)]), ([[[5, 6, 7, 8, 9]]], [])):
-        inputs = tiny.inputs(rows, images)
-        ref = model.generate(**inputs, max_new_tokens=10, do_sample=False)
-        out = em.speculative_generate(model, head, **inputs, max_new_tokens=10, tree=em.TreeConfig(3, 3, 6))
-        assert torch.equal(out, ref)
-
-
-@pytest.mark.parametrize("config", [SPECFORGE_QWEN3_VL, ANGELSLIM_QWEN3_VL], ids=["specforge", "angelslim"])
-def test_qwen3_vl_heads_decode_losslessly(tmp_path, config):
-    tiny = tiny_vlm("qwen3_vl")
-    model = tiny.model
-    head = em.load_head(_write(tmp_path / "head", config), target=model).float()  # the tiny target is fp32
-    for rows, images in (([[[5, 6], "img", [7, 8]]], [picture(2)]), ([[[5, 6, 7, 8, 9]]], [])):
         inputs = tiny.inputs(rows, images)
         ref = model.generate(**inputs, max_new_tokens=10, do_sample=False)
         out = em.speculative_generate(model, head, **inputs, max_new_tokens=10, tree=em.TreeConfig(3, 3, 6))
