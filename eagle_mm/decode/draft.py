@@ -21,7 +21,7 @@ from .sampling import draft_noise, sample_children, sibling_scores
 from .tree import Tree, select_tree
 
 __all__ = ["HeadCache", "DraftSampler", "Candidates", "extend_head", "head_entries", "draft_candidates",
-           "draft_tree", "node_q", "scratch_slots", "with_scratch"]
+           "draft_tree", "node_q", "scratch_slots", "with_scratch", "bonus_entry"]
 
 
 @dataclass
@@ -139,6 +139,14 @@ def head_entries(head, cache: HeadCache | None, hidden: torch.Tensor, tokens: to
         gap = (torch.zeros(B, A, cache.scratch, dtype=torch.bool, device=pos.device),) if static else ()
         allowed, past = torch.cat((old, *gap, causal), dim=-1), (cache.k, cache.v)
     return (step or head.step)(e, h, pos.clamp(min=0), _additive(allowed, dtype), past)
+
+
+def bonus_entry(out: torch.Tensor, logits: torch.Tensor, accept_len: torch.Tensor):
+    """The head's output (B, H) and draft logits (B, V_draft) at each row's bonus entry (column accept_len (B,) of
+    the new entries out (B, K, H), logits (B, K, V_draft)): what the next cycle drafts from."""
+    last = accept_len[:, None, None]
+    return (out.gather(1, last.expand(-1, -1, out.shape[-1])).squeeze(1),
+            logits.gather(1, last.expand(-1, -1, logits.shape[-1])).squeeze(1))
 
 
 def _children(head, logits: torch.Tensor, parent_score: torch.Tensor, parent_logp: torch.Tensor, k: int,

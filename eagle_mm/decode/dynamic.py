@@ -20,7 +20,7 @@ import torch
 
 from ..target.compat import cache_kwarg, output_cache
 from .accept import committed
-from .draft import HeadCache, draft_tree, extend_head, scratch_slots
+from .draft import HeadCache, bonus_entry, draft_tree, extend_head, scratch_slots
 from .masks import layer_kinds, tree_masks
 from .sampling import draft_noise
 from .tree import Tree, ancestors
@@ -169,9 +169,7 @@ class DynamicStorage:
         # Head: entries pairing each kept node's true feature with the next committed token.
         hidden = feats.gather(1, keep[:, :, None].expand(-1, -1, feats.shape[-1]))
         self.head_cache, h_out, h_logits = extend_head(self.head, self.head_cache, hidden, new_tok[:, :A], new_pos)
-        last = accept_len[:, None, None]  # column of the bonus entry
-        self.root_out = h_out.gather(1, last.expand(-1, -1, h_out.shape[-1])).squeeze(1)
-        self.root_logits = h_logits.gather(1, last.expand(-1, -1, h_logits.shape[-1])).squeeze(1)
+        self.root_out, self.root_logits = bonus_entry(h_out, h_logits, accept_len)
         self.root = bonus.squeeze(1)
         self.root_pos = self.root_pos + accept_len + 1
         return packed

@@ -28,7 +28,7 @@ import torch
 
 from ..target.compat import cache_kwarg
 from .accept import committed
-from .draft import HeadCache, draft_candidates, head_entries, node_q, scratch_slots
+from .draft import HeadCache, bonus_entry, draft_candidates, head_entries, node_q, scratch_slots
 from .graphs import setup_seconds, wrapped
 from .masks import LayerKind, tree_masks
 from .sampling import draft_noise
@@ -359,9 +359,9 @@ def update_step(head, keys: list, values: list, lengths: list, target_pos, head_
     head_k.index_copy_(2, dst, k)
     head_v.index_copy_(2, dst, v)
     head_pos.index_copy_(1, dst, new_pos)
-    last = accept_len[:, None, None]  # column of the bonus entry
-    root_out.copy_(out.gather(1, last.expand(-1, -1, out.shape[-1])).squeeze(1))
-    root_logits.copy_(logits.gather(1, last.expand(-1, -1, logits.shape[-1])).squeeze(1))
+    next_out, next_logits = bonus_entry(out, logits, accept_len)
+    root_out.copy_(next_out)
+    root_logits.copy_(next_logits)
     root.copy_(bonus.squeeze(1))
     root_pos.add_(accept_len + 1)
     cur.add_(advance)
