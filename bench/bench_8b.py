@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -188,7 +189,8 @@ def profile_decode(decode, device, path: str) -> None:
     log(f"profile written to {path}")
 
 
-def run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results):
+def run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results, inputs=None):
+    """``inputs``: the model inputs beside ``ids`` (attention mask, images), as generate() takes them."""
     import eagle_mm
 
     # ours_default: the default call (the engine; CUDA graphs of its eager steps on CUDA); ours_compiled: the engine
@@ -199,7 +201,7 @@ def run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results):
 
     def decode():
         return eagle_mm.speculative_generate(target, forced, ids, max_new_tokens=args.new_tokens, do_sample=False,
-                                             tree=tree, return_dict_in_generate=True, **options)
+                                             tree=tree, return_dict_in_generate=True, **(inputs or {}), **options)
 
     forced.set_accept(1)  # every proposal wrong: plain greedy decoding through our verify; compiles
     log(f"{mode}: reference decode (all proposals wrong){' + torch.compile warm-up' if static else ''}")
@@ -234,19 +236,21 @@ def run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results):
         profile_decode(decode, device, f"{os.path.splitext(args.out)[0]}_profile_{mode}.txt")
 
 
-def run_generate(mode, target, ids, args, device, results, gen_ref=None):
+def run_generate(mode, target, ids, args, device, results, gen_ref=None, inputs=None):
+    """``inputs``: the model inputs beside ``ids`` (attention mask, images), as generate() takes them."""
     compiled = mode == "generate_compiled"
+    generate = functools.partial(target.generate, ids, **(inputs or {}))
     options = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
     if compiled:
         options["cache_implementation"] = "static"  # HF compiles the decode step with a static cache on CUDA
     log(f"{mode}: warm-up{' (torch.compile)' if compiled and device.type == 'cuda' else ''}")
     for _ in range(2 if compiled and device.type == "cuda" else 1):
-        target.generate(ids, **dict(options, max_new_tokens=args.new_tokens if compiled else 4,
-                                    min_new_tokens=args.new_tokens if compiled else 4))
-    out, sec = timed_call(lambda: target.generate(ids, **options), device=device)
+        generate(**dict(options, max_new_tokens=args.new_tokens if compiled else 4,
+                        min_new_tokens=args.new_tokens if compiled else 4))
+    out, sec = timed_call(lambda: generate(**options), device=device)
     n = out.shape[1] - ids.shape[1]
     # The prefill's share: the same call for one token (its decode step never runs), best of three.
-    first = min(timed_call(lambda: target.generate(ids, **dict(options, max_new_tokens=1, min_new_tokens=1)), device=device)[1]
+    first = min(timed_call(lambda: generate(**dict(options, max_new_tokens=1, min_new_tokens=1)), device=device)[1]
                 for _ in range(3))
     row = {"mode": mode, "tokens_per_s": n / sec, "decode_tokens_per_s": (n - 1) / (sec - first) if n > 1 else None,
            "seconds": sec, "prefill_seconds": first, "new_tokens": n,

@@ -60,3 +60,35 @@ def make_peaked(model, *, embed_scale: float = 100.0, logit_scale: float = 0.125
     emb.mul_(embed_scale)
     unit = emb.float() / emb.float().norm(dim=1, keepdim=True)
     head.copy_((unit * logit_scale)[torch.argsort(perm)])  # row perm[t] = unit(e_t) * logit_scale
+
+
+# Qwen2.5-VL-7B-Instruct's text config (M-RoPE over temporal, height, width: 16 + 24 + 24 rotary pairs), with its
+# own token ids; the vision tower is a small one (2 blocks, 256 wide) with the real patching and merger output.
+SHAPE_QWEN25VL7B_TEXT = dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                             intermediate_size=18944, vocab_size=152064, max_position_embeddings=128000,
+                             rms_norm_eps=1e-6, rope_parameters=dict(rope_type="default", rope_theta=1000000.0,
+                                                                     mrope_section=[16, 24, 24]))
+SHAPE_QWEN25VL_SMALL_VISION = dict(depth=2, hidden_size=256, intermediate_size=512, num_heads=4, patch_size=14,
+                                   spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                                   fullatt_block_indexes=[1])
+QWEN25VL_TOKENS = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
+                       vision_end_token_id=151653)
+
+
+def random_qwen25vl_target(text: dict, vision: dict, tokens: dict, device: str = "cuda", dtype=torch.bfloat16):
+    """A random-init Qwen2.5-VL target, frozen, built directly in ``dtype`` on ``device`` (no fp32 detour on the GPU).
+    The vision tower's output width is the text hidden size; the lm_head is untied (``make_peaked`` needs it)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    text = dict(text, model_type="qwen2_5_vl_text", tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
+    cfg = Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision, out_hidden_size=text["hidden_size"]),
+                           tie_word_embeddings=False, **tokens)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return Qwen2_5_VLForConditionalGeneration(cfg).eval().requires_grad_(False)
+    finally:
+        torch.set_default_dtype(default)
