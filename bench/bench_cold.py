@@ -1,7 +1,8 @@
 """The first call in a fresh process: what a notebook or a one-off script feels, against the second call.
 
 Each measurement starts a new Python process that loads the shipped code-tiny (bf16 on CUDA, fp32 on a CPU) and
-times, after loading, two calls of one method on "def fibonacci(n):" with 64 new tokens: ``generate`` eager, the
+times, after loading, two calls of one method on "def fibonacci(n):" with exactly 64 new tokens (end-of-sequence
+off: greedy would stop after 14, so that "sampled within 2x of greedy" compares equal work): ``generate`` eager, the
 default ``speculative_generate`` greedy and sampled, and ``compile=True`` (inductor, maximum speed) greedy. The
 compiled method runs twice, in two processes: the second finds inductor's and Triton's disk caches warm.
 
@@ -32,14 +33,15 @@ dev = "cuda" if torch.cuda.is_available() else "cpu"
 m = zoo.load("code-tiny", device=dev)
 model, head = m.target, m.eagle3_head
 enc = m.tokenizer(["def fibonacci(n):"], return_tensors="pt").to(dev)
+model.generation_config.eos_token_id = None
 times = []
 for _ in range(2):
     if dev == "cuda": torch.cuda.synchronize()
     t = time.perf_counter()
-    {call}
+    out = {call}
     if dev == "cuda": torch.cuda.synchronize()
     times.append(time.perf_counter() - t)
-print("RESULT", json.dumps(times))
+print("RESULT", json.dumps(times + [out.shape[1] - enc.input_ids.shape[1]]))
 """
 
 
@@ -50,8 +52,9 @@ def run(method: str) -> dict:
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if not line:
         return {"method": method, "error": proc.stderr[:1500] + " ... " + proc.stderr[-1500:]}
-    first, second = json.loads(line[0][7:])
-    row = {"method": method, "first_s": first, "second_s": second, "process_s": time.perf_counter() - t}
+    first, second, new = json.loads(line[0][7:])
+    row = {"method": method, "first_s": first, "second_s": second, "new_tokens": new,
+           "process_s": time.perf_counter() - t}
     if proc.returncode:  # the calls finished; the process failed on its way out
         row["exit_error"] = proc.stderr[:1500]
     return row

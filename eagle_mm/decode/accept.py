@@ -23,7 +23,8 @@ def accept(tree: Tree, logits: torch.Tensor, q_nodes: torch.Tensor | None, proce
     the tree's nodes; ``scores`` are the processed logits the acceptance read.
 
     ``q_nodes`` (B, N+1, V): the draft distribution each node's children were drawn from (sampling), or None
-    (greedy). ``rows``: each row's sequence so far, for processors that read it (else empty).
+    (greedy). ``rows``: each row's sequence so far, or its length, for processors that read them (else empty;
+    see ``process_tree_logits``).
     """
     if q_nodes is None:
         scores = process_tree_logits(processors, rows, tree, logits, depth) if processors else logits

@@ -29,7 +29,7 @@ import torch
 from ..target.compat import cache_kwarg
 from .accept import committed
 from .draft import HeadCache, bonus_entry, draft_candidates, head_entries, node_q, scratch_slots
-from .graphs import setup_seconds, wrapped
+from .graphs import CUDA_GRAPH_MODES, setup_seconds, wrapped
 from .masks import LayerKind, tree_masks
 from .sampling import draft_noise
 from .tree import Tree, ancestors, select_tree
@@ -37,6 +37,11 @@ from .tree import Tree, ancestors, select_tree
 __all__ = ["FixedStorage", "cache_length", "prefill_length", "draft_step", "verify_step", "update_step"]
 
 _SLOT_ROUND = 128  # cache lengths are rounded up so that repeated calls reuse one cache and one graph
+# What compile=True compiles: the target's verify forward, where fusing its many small kernels pays most (on the
+# H200, compiling the draft and the update too took a cold first call from about 30 s to 70 s). The other steps are
+# captured as they are (on CUDA) or run eagerly; the prefill runs once per call, and compiling it would cost every
+# new prompt bucket a compile.
+_COMPILED_STEPS = ("verify",)
 _PREFILL_MIN = 16  # the shortest prefill bucket; buckets double from there
 
 
@@ -149,10 +154,10 @@ class FixedStorage:
         self.buf: Buffers | None = None
         self._next = None  # the next cycle's draft, launched ahead of the host read
         self._host = self._read_done = None  # pinned landing buffer and its event, on CUDA
-        self._prefill = wrapped(model, "prefill", prefill_step, mode, unkeyed=(4,))
-        self._verify = wrapped(model, "verify", verify_step, mode, unkeyed=(4,))
-        self._draft = wrapped(head, "draft", draft_step, mode)
-        self._update = wrapped(head, "update", update_step, mode)
+        self._prefill = wrapped(model, "prefill", prefill_step, _step_mode("prefill", mode), unkeyed=(4,))
+        self._verify = wrapped(model, "verify", verify_step, _step_mode("verify", mode), unkeyed=(4,))
+        self._draft = wrapped(head, "draft", draft_step, _step_mode("draft", mode))
+        self._update = wrapped(head, "update", update_step, _step_mode("update", mode))
 
     @property
     def setup(self) -> float:
@@ -191,17 +196,13 @@ class FixedStorage:
         write = torch.arange(T + pad, device=input_ids.device)
         args = (self.model, self.cache, self.kinds, self._cache_kwarg, cap, input_ids, slot_pos, pos, write,
                 position_ids)
-        # The first prefill into a new cache initializes its layers (allocations and attribute writes a compiled
-        # step would specialize on and trace): it runs eagerly; compiled steps only ever see initialized layers.
-        ready = all(layer.is_initialized for layer in self.cache.layers)
-        prefill = self._prefill if ready or self.mode in (None, "graphs") else prefill_step
-        logits, feats = prefill(*args)
-        if prefill is self._prefill and getattr(prefill, "warmed_only", lambda *a: False)(*args):
+        logits, feats = self._prefill(*args)  # also initializes a new cache's layers, before any compiled step
+        if getattr(self._prefill, "warmed_only", lambda *a: False)(*args):
             # A prefill runs once per call: capture it in this call, so that the next call of this bucket replays
             # it. The warm-up advanced the write pointers; the capture's replay writes the same slots again.
             for layer in self._layers_initialized():
                 layer.cumulative_length.zero_()
-            logits, feats = prefill(*args)
+            logits, feats = self._prefill(*args)
         pos[:, : T + pad] = slot_pos
         return logits[:, -1], feats, input_ids, slot_pos
 
@@ -286,6 +287,14 @@ class FixedStorage:
 
     def advance(self, n: int) -> None:
         self.cur += n
+
+
+def _step_mode(step: str, mode: str | None) -> str | None:
+    """How ``step`` runs under the call's ``mode``: compile modes compile only ``_COMPILED_STEPS``; the others are
+    captured as they are when the mode captures CUDA graphs (it does on CUDA), else run eagerly."""
+    if mode in (None, "graphs") or step in _COMPILED_STEPS:
+        return mode
+    return "graphs" if mode in CUDA_GRAPH_MODES else None
 
 
 def _forward(model, cache, kinds, kwarg: str, cap, tokens, q_pos, q_allowed, slot_pos, write, position_ids, **kw):

@@ -36,10 +36,10 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OwnGraph", "wrapped", "setup_seconds", "COMPILE_MODES"]
+__all__ = ["OwnGraph", "wrapped", "setup_seconds", "COMPILE_MODES", "CUDA_GRAPH_MODES"]
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 _NO_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 _MAX_GRAPHS = 8  # signatures kept per function; the oldest graph (and its memory pool) is dropped first
@@ -230,7 +230,7 @@ def wrapped(owner, name: str, fn, mode: str | None, *, unkeyed: tuple[int, ...] 
         what = f"{name} of {type(owner).__name__}"
         if mode == "graphs":
             table[key] = OwnGraph(fn, what, unkeyed)
-        elif mode in _CUDA_GRAPH_MODES:
+        elif mode in CUDA_GRAPH_MODES:
             table[key] = OwnGraph(_Compiled(fn, what, mode=_NO_GRAPHS[mode]), what, unkeyed)
         else:
             table[key] = _Compiled(fn, what, mode=mode)

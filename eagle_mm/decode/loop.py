@@ -34,7 +34,7 @@ from .dynamic import DynamicStorage
 from .fixed import FixedStorage
 from .options import check_attention, check_generation_config, choose_storage, default_tree, pad_id, \
     resolve_tree, split_model_inputs
-from .processors import reads_input_ids
+from .processors import reads_input_ids, reads_tokens
 from .state import DecodeState, SpeculativeOutput, SpeculativeStats
 from .stopping import first_stop
 
@@ -298,7 +298,8 @@ def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, ge
     t1 = time.perf_counter()
     # Verify: root + N nodes in one target forward with the tree mask, then the acceptance.
     logits, feats = store.verify(cap, tree, q_pos, verify_positions(q_pos, state.rope_offsets))  # (B, N+1, V|F)
-    rows = [state.row(b) for b in range(len(state.prompt))] if reads_input_ids(processors) else []
+    rows = [] if not reads_input_ids(processors) else [state.row(b) for b in range(len(state.prompt))] \
+        if reads_tokens(processors) else [len(p) + len(g) for p, g in zip(state.prompt, state.generated)]
     accept_len, path, bonus, scores = accept(tree, logits, q_nodes, processors, rows, D, generator)
     kept = _kept_rows(state, path, logits, scores)  # before the next verify reuses the logits' memory
     # Keep the path, extend the head and set the next root on the device, then the cycle's one host read of the

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from transformers.generation import logits_process as lp
 
-__all__ = ["process_tree_logits", "reads_input_ids", "node_paths", "capturable_warpers", "INPUT_FREE"]
+__all__ = ["process_tree_logits", "reads_input_ids", "reads_tokens", "node_paths", "capturable_warpers", "INPUT_FREE"]
 
 INPUT_FREE = tuple(
     getattr(lp, name)
@@ -25,19 +25,32 @@ LENGTH_ONLY = tuple(getattr(lp, name) for name in ("MinLengthLogitsProcessor", "
                     if hasattr(lp, name))
 
 
-def _length_only(p, lengths: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-    """``p(seq, scores)`` for every row at once, given each row's sequence length (M,): eos masked below the
-    minimum, as the processor does for one length."""
+def _length_only(p, base: list[int], depth: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """``p(seq, scores)`` for every node at once: eos masked below the minimum, as the processor does for one
+    length. base: each row's sequence length (B ints); depth (B, N+1): a node's sequence is base + depth long;
+    scores (B * (N+1), V)."""
     skip = getattr(p, "prompt_length_to_skip", 0)
     minimum = p.min_new_tokens if hasattr(p, "min_new_tokens") else p.min_length
+    if min(base) - skip >= minimum:  # every node is past the minimum (decided on the host: no device work)
+        return scores
+    base_t = torch.tensor(base)
+    if scores.is_cuda:  # from pinned memory the copy does not wait for the work queued on the GPU
+        base_t = base_t.pin_memory()
+    lengths = (base_t.to(scores.device, non_blocking=True)[:, None] + depth).flatten()  # (M,)
     eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device), p.eos_token_id.to(scores.device))
-    short = (lengths.to(scores.device) - skip) < minimum  # (M,)
+    short = (lengths - skip) < minimum  # (M,)
     return scores.masked_fill(short[:, None] & eos[None, :], float("-inf"))
 
 
 def reads_input_ids(processors) -> bool:
     """Whether any processor's output may depend on the sequence so far."""
     return any(not isinstance(p, INPUT_FREE) for p in (processors or []))
+
+
+def reads_tokens(processors) -> bool:
+    """Whether any processor reads the tokens so far, not only their number (what ``process_tree_logits`` then
+    needs as each row's sequence; the others take each row's length)."""
+    return any(not isinstance(p, INPUT_FREE + LENGTH_ONLY) for p in (processors or []))
 
 
 def capturable_warpers(processors) -> bool:
@@ -58,11 +71,11 @@ def node_paths(parent: torch.Tensor, depth: torch.Tensor, max_depth: int) -> tor
     return up.gather(2, src)
 
 
-def process_tree_logits(processors, rows: list[torch.Tensor], tree, logits: torch.Tensor,
-                        max_depth: int) -> torch.Tensor:
+def process_tree_logits(processors, rows: list, tree, logits: torch.Tensor, max_depth: int) -> torch.Tensor:
     """Processed fp32 scores (B, N+1, V) of the target's logits at every tree node.
 
-    rows[b]: row b's sequence so far (1-D, the root included), as ``generate`` would pass it.
+    rows[b]: row b's sequence so far (1-D, the root included), as ``generate`` would pass it, or only its length
+    (an int) when no processor reads the tokens (``reads_tokens``).
     """
     scores = logits.float()
     if not processors:
@@ -73,11 +86,11 @@ def process_tree_logits(processors, rows: list[torch.Tensor], tree, logits: torc
         return processors(dummy, scores.reshape(B * n, V)).reshape(B, n, V)
     if all(isinstance(p, INPUT_FREE + LENGTH_ONLY) for p in processors):
         # Lengths only: each node's sequence is its row's plus its depth; one batched call per processor.
-        lengths = (torch.tensor([r.numel() for r in rows], device=scores.device)[:, None] + tree.depth).flatten()
+        base = [r if isinstance(r, int) else r.numel() for r in rows]
         dummy = torch.zeros(B * n, 1, dtype=torch.long, device=scores.device)
         flat = scores.reshape(B * n, V)
         for p in processors:
-            flat = _length_only(p, lengths, flat) if isinstance(p, LENGTH_ONLY) else p(dummy, flat)
+            flat = _length_only(p, base, tree.depth, flat) if isinstance(p, LENGTH_ONLY) else p(dummy, flat)
         return flat.reshape(B, n, V)
     paths = tree.tokens.gather(1, node_paths(tree.parent, tree.depth, max_depth).flatten(1)).view(B, n, -1)
     depth = tree.depth.cpu()  # the slow path groups nodes by depth on the host

@@ -9,6 +9,8 @@ still called on every prefix, in order, so the first prefix that stops is the sa
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
@@ -26,7 +28,7 @@ def first_stop(criteria, seq: torch.Tensor, start: int) -> int | None:
         if kind is MaxLengthCriteria:  # fires once the length reaches max_length
             stop = min(stop, max(0, c.max_length - start - 1))
         elif kind is EosTokenCriteria:  # fires on an EOS token as the last one
-            hit = torch.isin(seq[0, start:start + stop], c.eos_token_id.to(seq.device)).nonzero()
+            hit = torch.isin(seq[0, start:start + stop], _eos_ids(c, seq.device)).nonzero()
             if hit.numel():
                 stop = int(hit[0])
         elif kind is MaxTimeCriteria:  # the clock does not depend on the tokens: now for all, or for none
@@ -39,3 +41,15 @@ def first_stop(criteria, seq: torch.Tensor, start: int) -> int | None:
         if any(bool(c(prefix, None).any()) for c in others):
             return i
     return stop if stop < n else None
+
+
+_EOS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _eos_ids(criterion, device: torch.device) -> torch.Tensor:
+    """The criterion's EOS ids on ``device``, copied once per criterion: generate() keeps them on the model's GPU,
+    and a copy to the host on every cycle would wait for the work queued on that GPU (the next draft)."""
+    ids = _EOS.get(criterion)
+    if ids is None or ids.device != device:
+        ids = _EOS[criterion] = criterion.eos_token_id.to(device)
+    return ids
