@@ -166,8 +166,9 @@ def test_layer_kinds_of_the_engine():
 
 @pytest.mark.slow
 def test_compiled_cpu_equals_eager_without_recompiles():
-    """torch.compile (inductor, no CUDA graphs on a CPU): same tokens; the verify compiles once (the only step
-    compile= compiles), with no graph break, and neither a later cycle nor a second call compiles anything."""
+    """torch.compile (inductor, no CUDA graphs on a CPU): same tokens; the verify and the update compile once each
+    (the steps compile= compiles), with no graph break, and neither a later cycle nor a second call compiles
+    anything."""
     model = tiny_model("llama", num_hidden_layers=4)
     ids = prompt(8)
     mask = torch.ones_like(ids)
@@ -176,7 +177,7 @@ def test_compiled_cpu_equals_eager_without_recompiles():
     graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
     first = _run(model, head, ids, mask, 16, TREE, compile="default")
     assert first.stats.num_target_forwards >= 4  # later cycles replayed the first cycle's graphs
-    assert counters["stats"]["unique_graphs"] - graphs == 1  # a recompile in a later cycle would add one
+    assert counters["stats"]["unique_graphs"] - graphs == 2  # a recompile in a later cycle would add one
     assert first.stats.time_compile > 0
     with torch._dynamo.config.patch(error_on_recompile=True):
         second = _run(model, head, ids, mask, 16, TREE, compile="default")
@@ -191,7 +192,7 @@ def test_compiled_cpu_equals_eager_without_recompiles():
     with torch._dynamo.config.patch(error_on_recompile=True):
         short_comp = _run(model, head, short, short_mask, 16, TREE, compile="default")
     assert torch.equal(short_comp.sequences, short_eager.sequences)
-    assert counters["stats"]["unique_graphs"] - graphs == 1
+    assert counters["stats"]["unique_graphs"] - graphs == 2
     assert sum(counters["graph_break"].values()) == breaks
 
 
@@ -220,7 +221,7 @@ def _recording_wrapped(seen: dict):
 def test_compiled_graphs_write_only_static_inputs(monkeypatch, do_sample):
     """A CUDA graph writes only into memory it owns or that stays at its address. CPU has no CUDA graphs, so check
     the condition itself on every step the cycle captures: the prefill, the draft (greedy and sampled), the
-    verify and the update (captured on CUDA; compile= compiles only the verify: all four are traced here)."""
+    verify and the update (all captured on CUDA; compile= compiles some of them: all four are traced here)."""
     import eagle_mm.decode.fixed as fixed
 
     seen = {}
@@ -357,9 +358,23 @@ def test_a_second_process_reuses_the_disk_cache(tmp_path):
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         assert line, proc.stderr[-3000:]
         runs.append(json.loads(line[0][7:]))
-    # the verify (the step compile= compiles) from the disk
-    assert runs[0]["hits"] == 0 and runs[1]["hits"] >= 1
+    # the verify and the update (the steps compile= compiles) from the disk
+    assert runs[0]["hits"] == 0 and runs[1]["hits"] >= 2
     assert runs[1]["compile"] < runs[0]["compile"]
+
+
+def test_compile_modes_compile_the_cycle_steps_only():
+    """compile=: the verify and the update are compiled; the draft only in the max-autotune modes; the prefill never
+    (captured as it is where the mode captures graphs)."""
+    from eagle_mm.decode.fixed import _step_mode
+
+    steps = ("prefill", "draft", "verify", "update")
+    assert [_step_mode(s, "reduce-overhead") for s in steps] == ["graphs", "graphs", "reduce-overhead",
+                                                                  "reduce-overhead"]
+    assert [_step_mode(s, "default") for s in steps] == [None, None, "default", "default"]
+    assert [_step_mode(s, "max-autotune") for s in steps] == ["graphs"] + ["max-autotune"] * 3
+    assert [_step_mode(s, "graphs") for s in steps] == ["graphs"] * 4
+    assert [_step_mode(s, None) for s in steps] == [None] * 4
 
 
 def test_warmup_runs_the_shapes_ahead():
@@ -391,4 +406,4 @@ def test_a_compile_failure_falls_back_with_a_warning(monkeypatch, caplog):
         out = _run(model, head, ids, None, 12, TREE, compile="default")
     assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]]) and out.stats.mode == "default"
     failed = {r.getMessage().split(" failed")[0] for r in caplog.records if "runs uncompiled" in r.getMessage()}
-    assert len(failed) == 1  # the verify: the one step compile= compiles
+    assert len(failed) == 2  # the verify and the update: the steps compile= compiles
