@@ -61,8 +61,9 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | dict | 
     ``.tree`` to decode many prompts.
     The default call runs the engine: fixed-address buffers and fixed shapes, its steps captured as CUDA graphs on
     CUDA (no compiler; the first call of a shape captures them, later calls replay them) and eager elsewhere.
-    ``compile``: True compiles the steps with inductor first (mode "reduce-overhead" on CUDA, "default"
-    elsewhere), or a ``torch.compile`` mode name: slower to start, faster per cycle. ``cache_implementation``:
+    ``compile``: True compiles the verify and the update with inductor first (mode "reduce-overhead" on CUDA,
+    "default" elsewhere), or a ``torch.compile`` mode name ("max-autotune" modes compile the draft too): slower to
+    start, faster per cycle. ``cache_implementation``:
     "dynamic" (or ``compile=False`` alone) runs the fallback loop over HF's ``DynamicCache``; "static" asks for
     the engine. What the engine cannot take falls back with one logged line naming the reason.
     ``stats.time_compile`` holds what the call spent compiling or capturing.
