@@ -180,12 +180,37 @@ def test_choose_tree_end_to_end(model, ids, reference):
     head = NoisyHead(em.EagleHead.from_target(model), reference, 4.0)
     grid = [em.TreeConfig.chain(2), em.TreeConfig.chain(5), em.TreeConfig(4, 4, 16), em.TreeConfig(2, 2, 4)]
     result = choose_tree(model, head, ids, grid=grid, max_new_tokens=16, repeats=1, decode=em.speculative_generate)
-    assert isinstance(result, AutoTreeResult) and result.tree in grid and len(result.candidates) == len(grid)
-    assert result.default.tree == em.TreeConfig() and set(result.costs.draft) == {1, 2, 4, 8}
+    default = em.TreeConfig.chain(3)  # what the default call drafts on a CPU
+    assert isinstance(result, AutoTreeResult) and result.tree in grid + [default]
+    assert len(result.candidates) == len(grid) and default in result.measured and result.tree in result.measured
+    assert result.default.tree == default and set(result.costs.draft) == {1, 2, 4}
     assert 0 in result.costs.verify and 64 in result.costs.verify and result.costs.fixed >= 0
     assert "(default)" in result.table() and result.as_dict()["chosen"]["depth"] == result.tree.depth
     fixed = choose_tree(model, head, [ids[0]], grid=grid, max_new_tokens=16, device_costs=_cpu_like())
     assert fixed.tree == em.TreeConfig.chain(2)
+
+
+def test_runoff_keeps_the_default_unless_a_finalist_is_clearly_faster(model, ids, replays):
+    """The runoff times the finalists with the real loop: a clearly faster finalist wins; a near-tie goes to the
+    default call's tree (tree="auto" must never be slower than it)."""
+    import time
+
+    from eagle_mm.decode.autotree import runoff
+
+    default, fast, slow = em.TreeConfig.chain(3), em.TreeConfig.chain(5), em.TreeConfig(4, 4, 16)
+    result = rank_trees(replays[4.0], _cpu_like(), [fast, slow], default=default)
+    for delay, winner in (({default: 0.03, fast: 0.01, slow: 0.05}, fast),
+                          ({default: 0.02, fast: 0.0199, slow: 0.05}, default)):
+        calls = []
+
+        def decode(model, head, *, tree, **kw):
+            calls.append(tree)
+            time.sleep(delay[tree])
+
+        got = runoff(result, model, None, ids, decode, default, max_new_tokens=4, repeats=3)
+        assert got.tree == winner and set(got.measured) == {default, fast, slow}
+        assert calls.count(default) == 4  # one untimed round, then three timed ones
+        assert got.candidates is result.candidates  # the predictions are kept
 
 
 def test_errors_name_the_bad_value(model, ids, replays):

@@ -23,12 +23,20 @@ visits exactly the cycles ``speculative_generate`` runs on these prompts, so the
 ``mean_accept_length``. (Averaging over every root instead is biased: a cycle starts at the bonus token,
 right after a rejection, so the loop's roots fall in step with the tokens the head gets wrong.)
 For sampling the greedy replay is an approximation of the acceptance.
+
+The prediction ranks the grid; the last word is a measurement (``runoff``): the best ``FINALISTS`` predicted trees
+and the tree the default call would draft (``options.default_tree``) decode the calibration prompts end to end
+through the real loop (``decode``: the engine, its graphs), and the fastest wins, the default on ties. Greedy
+output does not depend on the tree, so every finalist does the same work. This keeps tree="auto" from being
+slower than the default where the cost model (measured on the eager steps) misjudges the engine.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,16 +44,20 @@ from ..target.parts import resolve_target
 from ..target.compat import cache_kwarg, output_cache
 from ..config import TreeConfig
 from .draft import HeadCache, draft_candidates, extend_head
+from .options import default_tree
 from ..target.features import FeatureCapture
 from .tree import greedy_accept, select_tree
 # The device-cost half of tree="auto" lives in autotree_costs; its public names stay importable from here.
-from .autotree_costs import (SIZES, TOP_KS, TOTALS, DeviceCosts, measure_costs, measure_draft_cost,
+from .autotree_costs import (SIZES, TOP_KS, TOTALS, DeviceCosts, _timings, measure_costs, measure_draft_cost,
                              measure_loop_overhead, measure_verify_cost)
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["DeviceCosts", "Replay", "TreeEstimate", "AutoTreeResult", "measure_verify_cost", "measure_draft_cost",
-           "measure_loop_overhead", "measure_costs", "calibrate", "default_grid", "rank_trees", "choose_tree"]
+           "measure_loop_overhead", "measure_costs", "calibrate", "default_grid", "rank_trees", "runoff", "choose_tree"]
+
+FINALISTS = 3  # the best predicted trees that the runoff times end to end against the default call's tree
+_TIE = 1.02  # a finalist must beat the default's time by more than 2% to replace it
 
 
 
@@ -188,13 +200,14 @@ class TreeEstimate:
 
 @dataclass
 class AutoTreeResult:
-    """The chosen tree, every candidate's prediction (best first), and the default TreeConfig()'s."""
+    """The chosen tree, every candidate's prediction (best first), and the default call's tree's."""
 
     chosen: TreeEstimate
-    default: TreeEstimate | None  # None when the calibration did not cover TreeConfig()
+    default: TreeEstimate | None  # None when the calibration did not cover the default tree
     candidates: list[TreeEstimate]
     costs: DeviceCosts
     calibration_seconds: float = 0.0
+    measured: dict = field(default_factory=dict)  # the runoff: TreeConfig -> median seconds to decode the prompts
 
     @property
     def tree(self) -> TreeConfig:
@@ -217,7 +230,9 @@ class AutoTreeResult:
 
     def as_dict(self, candidates: bool = True) -> dict:
         d = {"chosen": self.chosen.as_dict(), "default": self.default.as_dict() if self.default else None,
-             "costs": self.costs.as_dict(), "calibration_seconds": self.calibration_seconds}
+             "costs": self.costs.as_dict(), "calibration_seconds": self.calibration_seconds,
+             "measured": [{"depth": t.depth, "top_k": t.top_k, "total_tokens": t.total_tokens, "seconds": sec}
+                          for t, sec in self.measured.items()]}
         return {**d, "candidates": [e.as_dict() for e in self.candidates]} if candidates else d
 
 
@@ -243,7 +258,8 @@ def choose_tree(model, head, calib_input_ids, *, device_costs: DeviceCosts | Non
     calib_input_ids: (B, L) prompts (no padding) or a list of 1-D prompts; each is continued greedily for
     ``max_new_tokens`` tokens. device_costs: measured here (``measure_costs``) when None. grid: the trees
     to choose from (``default_grid()`` when None). ``batch_size`` is the batch the costs are measured for.
-    ``decode``: the loop timed for its overhead, ``eagle_mm.speculative_generate`` (needed when costs are measured).
+    ``decode``: the loop timed for its overhead and in the ``runoff``, ``eagle_mm.speculative_generate`` (needed
+    when costs are measured; without it the prediction alone decides).
     """
     start = time.perf_counter()
     vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size
@@ -254,7 +270,8 @@ def choose_tree(model, head, calib_input_ids, *, device_costs: DeviceCosts | Non
     if bad or not grid:
         raise ValueError(f"grid must be non-empty TreeConfigs with top_k <= {vd} (the draft vocabulary); "
                          f"bad: {bad[:3]}")
-    default = TreeConfig()
+    dev = next(model.parameters()).device
+    default = default_tree(dev, batch_size)  # what the default call drafts here
     covered = grid + ([default] if default.top_k <= vd else [])
     top_ks, max_depth = sorted({t.top_k for t in covered}), max(t.depth for t in covered)
     replay = calibrate(model, head, calib_input_ids, top_ks=top_ks, max_depth=max_depth, max_new_tokens=max_new_tokens)
@@ -267,6 +284,9 @@ def choose_tree(model, head, calib_input_ids, *, device_costs: DeviceCosts | Non
         device_costs = measure_costs(model, head, decode, sizes=sizes, top_ks=top_ks, depth=max(max_depth, 2),
                                      prefix_len=prefix, batch_size=batch_size, repeats=repeats)
     result = rank_trees(replay, device_costs, grid, default=default)
+    if decode is not None:
+        result = runoff(result, model, head, calib_input_ids, decode, default, max_new_tokens=max_new_tokens,
+                        batch_size=batch_size, repeats=max(1, min(repeats, 3)))
     result.calibration_seconds = time.perf_counter() - start
     d = result.default
     logger.info("tree='auto' chose %s: E[L]=%.2f, %.1f tok/s predicted (TreeConfig(): %s); calibration %.1fs",
@@ -274,3 +294,30 @@ def choose_tree(model, head, calib_input_ids, *, device_costs: DeviceCosts | Non
                 f"E[L]={d.accept_length:.2f}, {d.tokens_per_second:.1f} tok/s" if d else "not evaluated",
                 result.calibration_seconds)
     return result
+
+
+def runoff(result: AutoTreeResult, model, head, prompts, decode, default: TreeConfig, *, max_new_tokens: int = 48,
+           batch_size: int = 1, repeats: int = 3) -> AutoTreeResult:
+    """The predicted best ``FINALISTS`` trees and ``default`` decode ``prompts`` greedily through ``decode``, in
+    turns (one untimed round first: it captures each tree's graphs); the smallest median time wins, ``default``
+    unless a finalist beats it by more than 2%. Returns ``result`` with ``chosen`` and ``measured`` set."""
+    finalists = list(dict.fromkeys([e.tree for e in result.candidates[:FINALISTS]] + [default]))
+    rows = [r.expand(batch_size, -1).contiguous() for r in _prompt_rows(prompts, next(model.parameters()).device)]
+
+    def run(tree):
+        for ids in rows:
+            decode(model, head, input_ids=ids, max_new_tokens=max_new_tokens, tree=tree, do_sample=False)
+
+    jobs = {t: (run, lambda t=t: t) for t in finalists}
+    measured = {t: statistics.median(ts) for t, ts in
+                _timings(jobs, repeats=repeats, warmup=1, device=rows[0].device).items()}
+    best = min(measured, key=measured.get)
+    if measured[default] <= _TIE * measured[best]:
+        best = default
+    estimates = {e.tree: e for e in result.candidates}
+    if result.default is not None:
+        estimates.setdefault(default, result.default)
+    chosen = estimates.get(best) or TreeEstimate(best, float("nan"), float("nan"))
+    logger.info("tree='auto' runoff (seconds to decode the calibration prompts): %s; chose %s",
+                {str(t): round(sec, 4) for t, sec in measured.items()}, best)
+    return dataclasses.replace(result, chosen=chosen, measured=measured)
