@@ -289,8 +289,8 @@ def choose_tree(model, head, calib_input_ids, *, device_costs: DeviceCosts | Non
                         batch_size=batch_size, repeats=max(1, min(repeats, 3)))
     result.calibration_seconds = time.perf_counter() - start
     d = result.default
-    logger.info("tree='auto' chose %s: E[L]=%.2f, %.1f tok/s predicted (TreeConfig(): %s); calibration %.1fs",
-                result.tree, result.chosen.accept_length, result.predicted_tokens_per_second,
+    logger.info("tree='auto' chose %s: E[L]=%.2f, %.1f tok/s predicted (default %s: %s); calibration %.1fs",
+                result.tree, result.chosen.accept_length, result.predicted_tokens_per_second, default,
                 f"E[L]={d.accept_length:.2f}, {d.tokens_per_second:.1f} tok/s" if d else "not evaluated",
                 result.calibration_seconds)
     return result

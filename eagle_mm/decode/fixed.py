@@ -40,7 +40,7 @@ _SLOT_ROUND = 128  # cache lengths are rounded up so that repeated calls reuse o
 # What compile=True compiles: the target's verify forward, where fusing its many small kernels pays most, and the
 # update. The draft's unrolled levels are the slowest to compile: only the "max-autotune" modes, which ask for
 # speed at any compile time, compile it too. Measured on the H200 (bf16): code-tiny's cold first call 15.5 s with
-# the verify alone, 27 s with the update, 70 s with the draft too; the 8B-shaped cycle 9.4, 8.7 and 7.45 ms.
+# the verify alone, 23-27 s with the update, 70 s with the draft too; the 8B-shaped cycle 9.4, 8.7 and 7.45 ms.
 # The prefill runs once per call, and compiling it would cost every new prompt bucket a compile: never compiled.
 _COMPILED_STEPS = ("verify", "update")
 _MAX_COMPILED_STEPS = ("verify", "update", "draft")

@@ -299,9 +299,8 @@ def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, ge
     t1 = time.perf_counter()
     # Verify: root + N nodes in one target forward with the tree mask, then the acceptance.
     logits, feats = store.verify(cap, tree, q_pos, verify_positions(q_pos, state.rope_offsets))  # (B, N+1, V|F)
-    rows = [] if not reads_input_ids(processors) else [state.row(b) for b in range(len(state.prompt))] \
-        if reads_tokens(processors) else [len(p) + len(g) for p, g in zip(state.prompt, state.generated)]
-    accept_len, path, bonus, scores = accept(tree, logits, q_nodes, processors, rows, D, generator)
+    accept_len, path, bonus, scores = accept(tree, logits, q_nodes, processors, _rows(processors, state), D,
+                                             generator)
     kept = _kept_rows(state, path, logits, scores)  # before the next verify reuses the logits' memory
     # Keep the path, extend the head and set the next root on the device, then the cycle's one host read of the
     # accept lengths and new tokens (the engine queues the next draft behind it on CUDA).
@@ -315,6 +314,16 @@ def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, ge
     stats.time_draft += t1 - t0
     stats.time_verify += t2 - t1
     stats.time_other += t3 - t2
+
+
+def _rows(processors, state: DecodeState) -> list:
+    """What the processors read of each row: its sequence (B tensors) if one reads tokens, its length (B ints) if
+    one reads only that (min-length processors: no per-row tensors each cycle), else nothing."""
+    if not reads_input_ids(processors):
+        return []
+    if reads_tokens(processors):
+        return [state.row(b) for b in range(len(state.prompt))]
+    return [len(p) + len(g) for p, g in zip(state.prompt, state.generated)]
 
 
 def _count(stats: SpeculativeStats, acc: list[int], finished: list[bool], n_draft: int) -> None:
