@@ -8,7 +8,7 @@ continuation, made wrong at positions chosen for a mean of ``--accept`` tokens p
   ceiling            plain decoding's bandwidth bound: measured copy bandwidth / the target's weight bytes
   generate_eager     model.generate(do_sample=False), dynamic cache
   ours_default       speculative_generate(...), the default call: the engine, its eager steps as CUDA graphs
-  ours_compiled      speculative_generate(compile=True): the engine's steps compiled by inductor, then captured
+  ours_compiled      speculative_generate(compile=True): the verify and update compiled by inductor, all captured
   generate_compiled  model.generate(cache_implementation="static"): HF compiles the decode step on CUDA
   ours_eager         speculative_generate(cache_implementation="dynamic"), the fallback (last: the slowest)
 Each of our modes first decodes with every proposal wrong (which also compiles, for ours_compiled); that
