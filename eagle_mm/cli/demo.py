@@ -55,9 +55,9 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
         help="draft head: eagle (EAGLE-1/2) or eagle3 (EAGLE-3)",
     )
     parser.add_argument("--compile", action="store_true",
-                        help="code model: decode with compile=True (the engine's verify and update compiled by inductor); the "
-                             "first call compiles, untimed: a minute or more on a 2-core CPU the first time, less "
-                             "once inductor has cached its kernels")
+                        help="code model: decode with compile=True (the engine's verify and update compiled by "
+                             "inductor); the first call compiles, untimed: a minute or more on a 2-core CPU the first "
+                             "time, less once inductor has cached its kernels")
     tree = parser.add_argument_group("draft tree (defaults: eagle_mm.TreeConfig)")
     tree.add_argument("--depth", type=_positive_int, default=None)
     tree.add_argument("--top-k", type=_positive_int, default=None)
