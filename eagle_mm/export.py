@@ -13,6 +13,7 @@ from .config import TreeConfig
 from .heads.base import layout_names
 from .heads.engines import LAYOUTS, detect_layout, export_head, load_exported, serving_command
 from .heads.io import load_head
+from .cli.util import add_tree_args, tree_kwargs
 
 __all__ = [
     "LAYOUTS", "export_head", "load_exported", "detect_layout", "serving_command", "add_export_parser", "run_export",
@@ -34,10 +35,7 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", required=True, metavar="OUT_DIR", help="directory to write (created if missing)")
     parser.add_argument("--target", metavar="TARGET_DIR",
                         help="local target model directory: checks sizes and aux layers, named in the command")
-    tree = parser.add_argument_group("draft tree in the command (defaults: eagle_mm.TreeConfig)")
-    tree.add_argument("--depth", type=int, default=None)
-    tree.add_argument("--top-k", type=int, default=None)
-    tree.add_argument("--total-tokens", type=int, default=None)
+    add_tree_args(parser, "draft tree in the command (defaults: eagle_mm.TreeConfig)", kind=int)
     parser.set_defaults(func=run_export)
 
 
@@ -51,9 +49,8 @@ def run_export(args: argparse.Namespace) -> int:
         return _fail("--output must differ from HEAD_DIR: exporting in place would overwrite the source head")
     if args.target is not None and not (Path(args.target) / _CONFIG).is_file():
         return _fail(f"--target {args.target!r} has no {_CONFIG}; pass a local target model directory")
-    given = {"depth": args.depth, "top_k": args.top_k, "total_tokens": args.total_tokens}
     try:
-        tree = TreeConfig(**{k: v for k, v in given.items() if v is not None})
+        tree = TreeConfig(**tree_kwargs(args))
         target_config = None
         if args.target is not None:
             from transformers import AutoConfig  # here, so `eagle-mm --help` stays fast

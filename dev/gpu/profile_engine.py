@@ -17,6 +17,25 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 
 
+def timed(call):
+    """Two untimed calls (capture), then one timed: (its output, seconds)."""
+    call()
+    call()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = call()
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - t
+
+
+def profiled(call, path, n=45):
+    """One more call under the profiler (CPU and CUDA, with stacks); its tables to ``path``."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+        call()
+        torch.cuda.synchronize()
+    tables(prof, path, n)
+
+
 def tables(prof, path, n=45):
     t = prof.key_averages()
     with open(path, "w") as f:
@@ -42,21 +61,13 @@ def code_tiny(out):
             g = torch.Generator("cuda").manual_seed(0) if kw["do_sample"] else None
             return eagle_mm.speculative_generate(model, head, **enc, max_new_tokens=64, generator=g,
                                                  return_dict_in_generate=True, **kw)
-        call()
-        call()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        o = call()
-        torch.cuda.synchronize()
+        o, dt = timed(call)
         s = o.stats
-        print(f"{name}: {time.perf_counter() - t:.4f}s new={o.sequences.shape[1] - enc.input_ids.shape[1]} "
+        print(f"{name}: {dt:.4f}s new={o.sequences.shape[1] - enc.input_ids.shape[1]} "
               f"cycles={s.num_target_forwards} acc={s.mean_accept_length:.2f} draft={s.time_draft:.4f} "
               f"verify={s.time_verify:.4f} other={s.time_other:.4f} prefill={s.time_prefill:.4f} tree={s.tree}",
               flush=True)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
-            call()
-            torch.cuda.synchronize()
-        tables(prof, f"{out}_codetiny_{name}.txt")
+        profiled(call, f"{out}_codetiny_{name}.txt")
 
 
 def batch16(out):
@@ -73,28 +84,16 @@ def batch16(out):
         def call():
             return eagle_mm.speculative_generate(model, head, **enc, max_new_tokens=128, min_new_tokens=128,
                                                  do_sample=False, return_dict_in_generate=True, **kw)
-        call()
-        call()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        o = call()
-        torch.cuda.synchronize()
-        s, dt = o.stats, time.perf_counter() - t
+        o, dt = timed(call)
+        s = o.stats
         print(f"b16 {name}: {dt:.4f}s {16 * 128 / dt:.0f} tok/s cycles={s.num_target_forwards} "
               f"acc={s.mean_accept_length:.2f} draft={s.time_draft:.4f} verify={s.time_verify:.4f} "
               f"other={s.time_other:.4f} prefill={s.time_prefill:.4f} tree={s.tree}", flush=True)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
-            call()
-            torch.cuda.synchronize()
-        tables(prof, f"{out}_b16_{name}.txt")
+        profiled(call, f"{out}_b16_{name}.txt")
     for name, kw in (("hf_static", dict(cache_implementation="static")), ("hf_eager", {})):
-        model.generate(**enc, max_new_tokens=128, min_new_tokens=128, do_sample=False, **kw)
-        model.generate(**enc, max_new_tokens=128, min_new_tokens=128, do_sample=False, **kw)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        model.generate(**enc, max_new_tokens=128, min_new_tokens=128, do_sample=False, **kw)
-        torch.cuda.synchronize()
-        print(f"b16 {name}: {16 * 128 / (time.perf_counter() - t):.0f} tok/s", flush=True)
+        _, dt = timed(lambda kw=kw: model.generate(**enc, max_new_tokens=128, min_new_tokens=128, do_sample=False,
+                                                   **kw))
+        print(f"b16 {name}: {16 * 128 / dt:.0f} tok/s", flush=True)
 
 
 def eight_b(out):
@@ -114,21 +113,13 @@ def eight_b(out):
         def call():
             return eagle_mm.speculative_generate(target, forced, ids, max_new_tokens=128, do_sample=False, tree=tree,
                                                  return_dict_in_generate=True, **kw)
-        call()
-        call()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        o = call()
-        torch.cuda.synchronize()
+        o, dt = timed(call)
         s = o.stats
         n = s.num_target_forwards
-        print(f"8b {name}: {time.perf_counter() - t:.4f}s cycles={n} acc={s.mean_accept_length:.2f} "
+        print(f"8b {name}: {dt:.4f}s cycles={n} acc={s.mean_accept_length:.2f} "
               f"draft={1e3 * s.time_draft / n:.2f}ms verify={1e3 * s.time_verify / n:.2f}ms "
               f"other={1e3 * s.time_other / n:.2f}ms prefill={1e3 * s.time_prefill:.1f}ms", flush=True)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            call()
-            torch.cuda.synchronize()
-        tables(prof, f"{out}_8b_{name}.txt", 60)
+        profiled(call, f"{out}_8b_{name}.txt", 60)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .util import check_model_dir
+from .util import add_tree_args, check_model_dir, tree_kwargs
 from .util import positive_int as _positive_int
 
 __all__ = ["zoo_prompts", "timed", "run_benchmark", "format_table", "add_bench_parser", "run_bench"]
@@ -215,10 +215,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE ('-': stdout, "
                         "instead of the table)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    tree = parser.add_argument_group("draft tree (default: the zoo's tree for the device, else eagle_mm.TreeConfig)")
-    tree.add_argument("--depth", type=_positive_int, default=None)
-    tree.add_argument("--top-k", type=_positive_int, default=None)
-    tree.add_argument("--total-tokens", type=_positive_int, default=None)
+    add_tree_args(parser, "draft tree (default: the zoo's tree for the device, else eagle_mm.TreeConfig)")
     parser.set_defaults(func=run_bench)
 
 
@@ -294,8 +291,7 @@ def run_bench(args: argparse.Namespace) -> int:
         return _fail(problem)
     from ..config import TreeConfig
 
-    given = {"depth": args.depth, "top_k": args.top_k, "total_tokens": args.total_tokens}
-    given = {k: v for k, v in given.items() if v is not None}
+    given = tree_kwargs(args)
     try:
         explicit = TreeConfig(**given) if given else None
         target, tokenizer, heads, prompts, default_tree = _load(args)

@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .util import add_tree_args, tree_kwargs
 from .util import fail as _fail
 from .util import positive_int as _positive_int
 
@@ -58,17 +59,8 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="code model: decode with compile=True (the engine's verify and update compiled by "
                              "inductor); the first call compiles, untimed: a minute or more on a 2-core CPU the first "
                              "time, less once inductor has cached its kernels")
-    tree = parser.add_argument_group("draft tree (defaults: eagle_mm.TreeConfig)")
-    tree.add_argument("--depth", type=_positive_int, default=None)
-    tree.add_argument("--top-k", type=_positive_int, default=None)
-    tree.add_argument("--total-tokens", type=_positive_int, default=None)
+    add_tree_args(parser, "draft tree (defaults: eagle_mm.TreeConfig)")
     parser.set_defaults(func=_run_demo)
-
-
-def _tree_kwargs(args: argparse.Namespace) -> dict:
-    """Only the tree options the user gave, so TreeConfig stays the one source of defaults."""
-    given = {"depth": args.depth, "top_k": args.top_k, "total_tokens": args.total_tokens}
-    return {name: value for name, value in given.items() if value is not None}
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -107,7 +99,7 @@ def _run_image_demo(args: argparse.Namespace) -> int:
                      "eagle_mm lacks; run `eagle-mm demo` without --image for the code model")
     from ..config import TreeConfig
 
-    given = _tree_kwargs(args)
+    given = tree_kwargs(args)
     options = {"max_new_tokens": args.max_new_tokens, "device": args.device,
                "tree": TreeConfig(**given) if given else None}
     if args.prompt is not None:
@@ -183,7 +175,7 @@ def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
     prompt = args.prompt if args.prompt is not None else zoo_prompts(model.prompts, 1)[0]
     enc = tokenizer(prompt, return_tensors="pt").to(target.device)
     prompt_length = enc["input_ids"].shape[1]
-    given = _tree_kwargs(args)
+    given = tree_kwargs(args)
     # What the default call drafts on this device (a short chain on a CPU) unless any tree option was given.
     tree = eagle_mm.TreeConfig(**given) if given else model.demo_tree()
     options = {"max_new_tokens": args.max_new_tokens, "do_sample": False}
@@ -246,7 +238,7 @@ def _run_random_demo(args: argparse.Namespace) -> int:
     input_ids = torch.randint(0, _DEMO_VOCAB, (1, args.prompt_length))  # (B=1, T)
 
     spec_kwargs = {}
-    tree = _tree_kwargs(args)
+    tree = tree_kwargs(args)
     if tree:
         spec_kwargs["tree"] = eagle_mm.TreeConfig(**tree)
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .util import check_model_dir, check_prompt, quiet_loading
+from .util import add_tree_args, check_model_dir, check_prompt, quiet_loading, tree_kwargs
 from .util import fail as _fail
 from .util import positive_int as _positive_int
 from .demo import add_demo_parser as _add_demo
@@ -54,10 +54,7 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
     sampling.add_argument("--top-p", type=float, default=None)
     sampling.add_argument("--top-k", type=_positive_int, default=None, help="sampling top-k (not the tree's)")
     sampling.add_argument("--seed", type=int, default=None, help="seeds sampling (generator=)")
-    tree = parser.add_argument_group("draft tree (defaults: eagle_mm.TreeConfig)")
-    tree.add_argument("--depth", type=_positive_int, default=None)
-    tree.add_argument("--top-k-tree", type=_positive_int, default=None, dest="tree_top_k", metavar="TOP_K")
-    tree.add_argument("--total-tokens", type=_positive_int, default=None)
+    add_tree_args(parser, "draft tree (defaults: eagle_mm.TreeConfig)", top_k_flag="--top-k-tree")
     parser.set_defaults(func=_run_generate)
 
 
@@ -115,9 +112,8 @@ def _run_generate(args: argparse.Namespace) -> int:
     import eagle_mm
 
     quiet_loading(args.verbose)
-    given = {"depth": args.depth, "top_k": args.tree_top_k, "total_tokens": args.total_tokens}
     try:
-        tree = eagle_mm.TreeConfig(**{name: value for name, value in given.items() if value is not None})
+        tree = eagle_mm.TreeConfig(**tree_kwargs(args))
         model, tokenizer, head = _load_for_generate(args)
     except (OSError, ValueError) as exc:
         return _fail(str(exc))

@@ -5,7 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
-__all__ = ["positive_int", "fail", "check_model_dir", "check_prompt", "quiet_loading"]
+__all__ = ["positive_int", "fail", "check_model_dir", "check_prompt", "quiet_loading", "add_tree_args",
+           "tree_kwargs"]
 
 
 def positive_int(text: str) -> int:
@@ -14,6 +15,27 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def add_tree_args(parser: argparse.ArgumentParser, title: str, *, top_k_flag: str = "--top-k",
+                  kind=positive_int) -> None:
+    """The draft tree's options (--depth, --top-k, --total-tokens), all None unless given: TreeConfig stays the one
+    source of their defaults. ``top_k_flag``: another name where --top-k means something else (its dest is then
+    ``tree_top_k``)."""
+    group = parser.add_argument_group(title)
+    group.add_argument("--depth", type=kind, default=None)
+    if top_k_flag == "--top-k":
+        group.add_argument("--top-k", type=kind, default=None)
+    else:
+        group.add_argument(top_k_flag, type=kind, default=None, dest="tree_top_k", metavar="TOP_K")
+    group.add_argument("--total-tokens", type=kind, default=None)
+
+
+def tree_kwargs(args: argparse.Namespace) -> dict:
+    """The tree options ``add_tree_args`` declared that the user gave, as TreeConfig keyword arguments."""
+    top_k = args.tree_top_k if hasattr(args, "tree_top_k") else args.top_k
+    given = {"depth": args.depth, "top_k": top_k, "total_tokens": args.total_tokens}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def fail(message: str) -> int:
