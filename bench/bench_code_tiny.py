@@ -143,9 +143,10 @@ def run_method(zoo, method, mode, encs, args, trees, reference=None) -> tuple[di
     run = _runner(zoo, method, trees, compile_cpu=compiles and device.type != "cuda")
     warm = dict(options, max_new_tokens=min(8, args.max_new_tokens))
     seed0 = args.seed if mode == "sampled" else None
-    if compiles:
-        # Compile (and record the CUDA graphs) outside the timed calls, with the longest prompt and the full length:
-        # the static cache sized by this call serves every later one, so the timed calls replay the same graphs.
+    if compiles or method.startswith("eagle"):
+        # Compile or capture the CUDA graphs (ours: the engine's, on CUDA) outside the timed calls, with the longest
+        # prompt and the full length: the cache sized by this call serves every later one, so the timed calls
+        # replay the same graphs.
         longest = max(encs, key=lambda e: e["input_ids"].shape[1])
         _, first = timed_call(run, longest, options, seed0, device=device)
         run(longest, options, seed0)
@@ -161,9 +162,9 @@ def run_method(zoo, method, mode, encs, args, trees, reference=None) -> tuple[di
             seconds += took
         n = sequences.shape[1] - enc["input_ids"].shape[1]
         new_tokens += n
-        # A compiled verify calls the compiled forward, not the module: the pre-hook misses it, so ours count
-        # from their own stats (verify forwards + the prefill).
-        forwards += stats.num_target_forwards + 1 if compiles and stats is not None else counter.calls
+        # A replayed CUDA graph or a compiled forward runs no module hooks: ours count from their own stats (verify
+        # forwards + the prefill).
+        forwards += stats.num_target_forwards + 1 if stats is not None else counter.calls
         outputs.append(sequences.cpu())
         if stats is not None:
             stats_accepted += stats.mean_accept_length * stats.num_drafts

@@ -42,6 +42,7 @@ for _ in range(2):
     if dev == "cuda": torch.cuda.synchronize()
     times.append(time.perf_counter() - t)
 print("RESULT", json.dumps(times + [out.shape[1] - enc.input_ids.shape[1]]))
+print("DYNAMO", json.dumps(torch._dynamo.utils.compile_times(repr="str")))  # where a compiled call's time went
 """
 
 
@@ -55,6 +56,9 @@ def run(method: str) -> dict:
     first, second, new = json.loads(line[0][7:])
     row = {"method": method, "first_s": first, "second_s": second, "new_tokens": new,
            "process_s": time.perf_counter() - t}
+    dynamo = [ln for ln in proc.stdout.splitlines() if ln.startswith("DYNAMO ")]
+    if dynamo and len(json.loads(dynamo[0][7:]).strip().splitlines()) > 2:  # more than the table's header
+        row["dynamo_times"] = json.loads(dynamo[0][7:])[:3000]
     if proc.returncode:  # the calls finished; the process failed on its way out
         row["exit_error"] = proc.stderr[:1500]
     return row

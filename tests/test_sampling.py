@@ -6,11 +6,14 @@ rules, so the bounds are shown to have teeth. Seeds are fixed; the bounds come f
 """
 import pytest
 import torch
+from transformers import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+import eagle_mm as em
 from eagle_mm.decode import sampling
 from eagle_mm.kernels import reference
 from eagle_mm.decode.sampling import sample_children, sibling_scores, tree_rejection_sample
 from eagle_mm.decode.tree import Tree, path_indices, select_tree
+from tests.tiny import tiny_model
 
 B = 40_000  # trials per statistical check
 
@@ -279,3 +282,48 @@ def test_shape_errors_name_the_shapes():
                 depth=torch.zeros(2, 3, dtype=torch.long))
     with pytest.raises(ValueError, match=r"\(2, 3, V\)"):
         tree_rejection_sample(tree, torch.rand(2, 4, 5), torch.rand(2, 4, 5))
+
+
+def _sampler(warpers, vocab=50, min_width=1):
+    from transformers import LogitsProcessorList
+
+    from eagle_mm.decode.draft import DraftSampler
+
+    head = em.Eagle3Head.from_target(tiny_model("llama", vocab_size=vocab))
+    return DraftSampler.from_processors(LogitsProcessorList(warpers), head, None, min_width)
+
+
+def _dense(sampler, logits):
+    cand, logq = sampler.proposal(logits)
+    return torch.zeros(*logits.shape[:-1], sampler.vocab_size).scatter_(-1, cand, logq.exp())
+
+
+@pytest.mark.parametrize("warpers", [
+    [TemperatureLogitsWarper(0.7), TopKLogitsWarper(9), TopPLogitsWarper(0.8)],
+    [TopPLogitsWarper(0.9, min_tokens_to_keep=3)],
+    [TemperatureLogitsWarper(1.3), MinPLogitsWarper(0.1)],
+], ids=["temp-topk-topp", "topp-keep3", "temp-minp"])
+def test_compact_proposal_is_the_warped_draft(warpers):
+    """With the generate() warpers the proposal lives on the draft's top-W tokens; when W covers the vocabulary it
+    is the distribution transformers' warpers give the draft logits."""
+    from eagle_mm.decode import draft
+
+    s = _sampler(warpers, vocab=40)
+    assert s.compact and s.width == min(40, min([p.top_k for p in warpers if hasattr(p, "top_k")],
+                                               default=draft.DRAFT_WIDTH))
+    s.width = 40  # the whole vocabulary: nothing cut but what the warpers cut
+    logits = torch.randn(3, 2, 40, generator=torch.Generator().manual_seed(0)) * 3
+    want = torch.softmax(s.warpers(torch.zeros(6, 1, dtype=torch.long), logits.view(6, 40)), -1).view(3, 2, 40)
+    torch.testing.assert_close(_dense(s, logits), want, atol=1e-6, rtol=1e-5)
+
+
+def test_compact_proposal_keeps_width_tokens_and_other_warpers_use_the_vocabulary():
+    from transformers import TypicalLogitsWarper
+
+    s = _sampler([TopKLogitsWarper(5)], vocab=50, min_width=8)  # the tree draws 8 children: W = 8, q on 5
+    cand, logq = s.proposal(torch.randn(2, 1, 50))
+    assert cand.shape == (2, 1, 8) and (logq[..., :5] > float("-inf")).all() and (logq[..., 5:] == float("-inf")).all()
+    assert (cand.sort(-1).values.diff(dim=-1) > 0).all()  # distinct tokens
+    full = _sampler([TypicalLogitsWarper(0.9)], vocab=50)
+    assert not full.compact and full.width == 50
+    assert full.proposal(torch.randn(2, 1, 50))[0].shape == (2, 1, 50)

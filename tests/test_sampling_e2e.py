@@ -113,6 +113,22 @@ def test_fallback_sampled_sequences_follow_target_distribution():
     assert z < 4.5, f"chi-square z={z:.2f}: sampled sequences do not follow the target"
 
 
+@pytest.mark.slow
+def test_truncated_draft_proposal_keeps_the_target_distribution(monkeypatch):
+    """The draft proposes from its 3 most likely tokens only (DraftSampler.width), where the target's distribution
+    spreads over all 7: the output still follows the target (the verifier gets the truncated q)."""
+    import eagle_mm.decode.draft as draft_mod
+
+    monkeypatch.setattr(draft_mod, "DRAFT_WIDTH", 3)
+    model = _target()
+    head = em.Eagle3Head.from_target(model, aux_layers=(0, 2, 4))
+    temperature, top_k, top_p = SETTINGS[0]
+    exact = _exact(model, _warpers(temperature, top_k, top_p))
+    counts = _sample_counts(model, head, TREES[1], temperature, top_k, top_p)
+    z = _chi2_z(counts, exact, N)
+    assert z < 4.5, f"chi-square z={z:.2f}: sampled sequences do not follow the target"
+
+
 def _wrong_rule(tree, p, q, generator=None):
     """Accept a node whenever it is the target's most likely token (ignores p's shape): a classic mistake."""
     target_next = p.argmax(-1)

@@ -8,12 +8,20 @@ Greedy mode expands each node's top-k children by draft log-prob. Sampling mode 
 children without replacement from the (warped) draft distribution q and keeps q for verification,
 which accepts them by recursive rejection sampling (``sampling.py``); sibling scores are made
 non-increasing in sample order so the global rerank keeps a prefix of every node's samples.
+
+The proposal q may be any distribution, as long as the verifier gets the one the children were drawn from
+(``sampling.py`` says why). With transformers' temperature, top-k, top-p and min-p warpers (what ``generate``
+builds from its sampling options), q lives on the draft's W most likely tokens (``DraftSampler.width``): one top-W
+per node, then the warpers' rules on W sorted values, instead of the warpers on the whole vocabulary (a sort for
+top-p, a top-k, a scatter to the target's ids: about 200 us of kernels per draft level on the H200, for code-tiny's
+8,192 tokens). Other warpers run as transformers writes them, on the whole vocabulary (W = its size).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+from transformers.generation import logits_process as lp
 
 from ..config import TreeConfig
 from .processors import reads_input_ids
@@ -37,35 +45,57 @@ class HeadCache:
     scratch: int = 0  # static: draft slots after the C committed ones
 
 
+DRAFT_WIDTH = 64  # tokens a node's proposal keeps when no top-k warper is set (the draft's tail is rarely accepted)
+
+
 @dataclass
 class DraftSampler:
-    """Turns draft logits into the proposal distribution q over the target vocabulary."""
+    """Turns draft logits into the proposal distribution q: W candidate target ids per node and their log q."""
 
     warpers: object  # the input-free part of generate()'s processors (temperature, top-k/p, ...)
     target_ids: torch.Tensor  # (V_draft,) target id of each draft id
     vocab_size: int
     generator: torch.Generator | None
+    width: int  # W: candidates per node (the whole target vocabulary when not ``compact``)
+    compact: bool  # q on the draft's top-W tokens, with the warpers' rules applied there
 
     @classmethod
-    def from_processors(cls, processors, head, generator) -> "DraftSampler":
+    def from_processors(cls, processors, head, generator, min_width: int = 1) -> "DraftSampler":
+        """``min_width``: the tree's top_k (each node draws that many children)."""
         from transformers import LogitsProcessorList
 
         warpers = LogitsProcessorList([p for p in (processors or []) if not reads_input_ids([p])])
         vd = head.config.draft_vocab_size if hasattr(head.config, "draft_vocab_size") else head.config.vocab_size
         ids = head.draft_to_target(torch.arange(vd, device=next(head.parameters()).device))
-        return cls(warpers, ids, head.config.vocab_size, generator)
+        V = head.config.vocab_size
+        if not all(type(p) in _SORTED_RULES for p in warpers):
+            return cls(warpers, ids, V, generator, V, False)
+        top = min((p.top_k for p in warpers if type(p) is lp.TopKLogitsWarper), default=DRAFT_WIDTH)
+        return cls(warpers, ids, V, generator, min(vd, max(min_width, top)), True)
 
     def for_graphs(self) -> "DraftSampler":
         """The same sampler without its generator, one object per (head, warper settings): what the engine's
         captured draft step is keyed on, so that later calls with the same settings replay its graph (its noise
         is drawn outside the graph)."""
-        key = tuple((type(p), tuple(sorted((k, _plain(v)) for k, v in vars(p).items()))) for p in self.warpers)
+        settings = ((type(p), tuple(sorted((k, _plain(v)) for k, v in vars(p).items()))) for p in self.warpers)
+        key = (self.width, *settings)
         table = _GRAPH_SAMPLERS.setdefault(self.target_ids.device, {})
         if key not in table or not torch.equal(table[key].target_ids, self.target_ids):
             if len(table) >= _GRAPH_SAMPLERS_KEPT:
                 table.pop(next(iter(table)))  # the oldest setting (its graph is dropped by OwnGraph in turn)
-            table[key] = DraftSampler(self.warpers, self.target_ids, self.vocab_size, None)
+            table[key] = DraftSampler(self.warpers, self.target_ids, self.vocab_size, None, self.width, self.compact)
         return table[key]
+
+    def proposal(self, draft_logits: torch.Tensor):
+        """(B, M, V_draft) draft logits -> (cand (B, M, W) target ids, logq (B, M, W) log q there, -inf = 0)."""
+        if not self.compact:
+            B, M, _ = draft_logits.shape
+            cand = torch.arange(self.vocab_size, device=draft_logits.device).expand(B, M, -1)
+            return cand, self.logq(draft_logits)
+        values, idx = draft_logits.float().topk(self.width, dim=-1)  # sorted, largest first
+        for p in self.warpers:
+            values = _SORTED_RULES[type(p)](p, values)
+        return self.target_ids[idx], torch.log_softmax(values, dim=-1)
 
     def logq(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """(B, M, V_draft) draft logits -> (B, M, V) log q over target ids (-inf outside the draft vocab)."""
@@ -77,6 +107,33 @@ class DraftSampler:
             full = self.warpers(dummy, full.view(B * M, -1)).view(B, M, -1)
         return torch.log_softmax(full, dim=-1)
 
+
+def _keep_first(values: torch.Tensor, drop: torch.Tensor, n: int) -> torch.Tensor:
+    """values with ``drop`` set to -inf, except the first n (the largest: the warpers' min_tokens_to_keep)."""
+    drop[..., :n] = False
+    return values.masked_fill(drop, float("-inf"))
+
+
+def _top_p(p, values):
+    probs = torch.softmax(values, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # mass of the more likely tokens
+    return _keep_first(values, before >= p.top_p, max(1, p.min_tokens_to_keep))
+
+
+def _min_p(p, values):
+    probs = torch.softmax(values, dim=-1)
+    return _keep_first(values, probs < p.min_p * probs[..., :1], max(1, p.min_tokens_to_keep))
+
+
+def _top_k(p, values):
+    drop = torch.zeros(values.shape[-1], dtype=torch.bool, device=values.device)
+    drop[p.top_k:] = True
+    return values.masked_fill(drop, float("-inf"))
+
+
+# transformers' warpers with their rule on values sorted largest first (what the compact proposal applies).
+_SORTED_RULES = {lp.TemperatureLogitsWarper: lambda p, v: v / p.temperature, lp.TopKLogitsWarper: _top_k,
+                 lp.TopPLogitsWarper: _top_p, lp.MinPLogitsWarper: _min_p}
 
 _GRAPH_SAMPLERS: dict = {}  # device -> {warper settings: DraftSampler}
 _GRAPH_SAMPLERS_KEPT = 16
@@ -152,17 +209,18 @@ def bonus_entry(out: torch.Tensor, logits: torch.Tensor, accept_len: torch.Tenso
 def _children(head, logits: torch.Tensor, parent_score: torch.Tensor, parent_logp: torch.Tensor, k: int,
               sampler: DraftSampler | None, noise: torch.Tensor | None):
     """Children of each of M nodes: tokens (B, M, k) target ids, rank scores (B, M, k), path log-probs
-    (B, M, k), and q (B, M, V) in sampling mode (else None). ``noise`` (B, M, V): the Exp(1) draws (sampling)."""
+    (B, M, k), and in sampling mode q as (cand (B, M, W) target ids, q (B, M, W)) (else None). ``noise`` (B, M, W):
+    the Exp(1) draws (sampling)."""
     if sampler is None:
         logp, ids = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)
         path = parent_logp[..., None] + logp
         return head.draft_to_target(ids), path, path, None
-    logq = sampler.logq(logits)  # (B, M, V)
-    ids, _ = sample_children(logq, k, sampler.generator, noise)  # (B, M, k) in sample order
-    child_logq = logq.gather(-1, ids)
+    cand, logq = sampler.proposal(logits)  # (B, M, W) each
+    at, _ = sample_children(logq, k, sampler.generator, noise)  # (B, M, k) places in cand, in sample order
+    child_logq = logq.gather(-1, at)
     # Invalid draws (q = 0, after q's support) already score -inf in sibling_scores.
     scores = sibling_scores(parent_score, parent_logp, child_logq)
-    return ids, scores, parent_logp[..., None] + child_logq, logq.exp()
+    return cand.gather(-1, at), scores, parent_logp[..., None] + child_logq, (cand, logq.exp())
 
 
 @dataclass
@@ -173,7 +231,7 @@ class Candidates:
     parent: torch.Tensor  # (B, M) candidate index of the parent, -1 = the root
     depth: torch.Tensor  # (M,) 1 for the root's children
     score: torch.Tensor  # (B, M) rank score (greedy: cumulative draft log-prob)
-    q_rows: list  # sampling mode: q of each expanded node, the root's (B, V) first, then (B, k, V) per level
+    q_rows: list  # sampling: (cand, q) of each expanded node, the root's (B, W) each first, then (B, k, W) per level
     expanded: list  # sampling mode: candidate ids of the nodes each q row belongs to
 
 
@@ -199,7 +257,7 @@ def draft_candidates(head, cache: HeadCache, root_out: torch.Tensor, root_logits
     ``cache``: the head's C committed entries followed by ``scratch_slots(top_k, depth)`` scratch slots, which the
     draft writes (one fixed shape for every step); a dynamic cache is first copied into one (``with_scratch``).
     root_out (B, H) / root_logits (B, V_draft): the head's output at the entry that pairs the feature
-    before the root with the root. ``noise`` (B, 1 + (depth-1)*top_k, V): the sampled draft's Exp(1) draws
+    before the root with the root. ``noise`` (B, 1 + (depth-1)*top_k, W): the sampled draft's Exp(1) draws
     (``sampling.draft_noise``); None draws them here. ``step``: the head's step function (default ``head.step``).
     """
     step = step or head.step
@@ -211,7 +269,7 @@ def draft_candidates(head, cache: HeadCache, root_out: torch.Tensor, root_logits
     B, k, dev = root_out.shape[0], top_k, root_out.device
     dtype = next(head.parameters()).dtype
     if sampler is not None and noise is None:
-        noise = draft_noise(torch.empty(B, 1 + scratch_slots(k, depth), sampler.vocab_size, device=dev),
+        noise = draft_noise(torch.empty(B, 1 + scratch_slots(k, depth), sampler.width, device=dev),
                             sampler.generator)
     zero = torch.zeros(B, 1, device=dev)
     tok, score, logp, q = _children(head, root_logits[:, None], zero, zero, k, sampler,
@@ -219,7 +277,7 @@ def draft_candidates(head, cache: HeadCache, root_out: torch.Tensor, root_logits
     tok, score, logp = tok[:, 0], score[:, 0], logp[:, 0]  # (B, k) the depth-1 candidates
     cand_tok, cand_score, cand_parent = [tok], [score], [torch.full_like(tok, -1)]
     cand_depth = [torch.ones(k, dtype=torch.long, device=dev)]
-    q_rows = [q[:, 0]] if q is not None else []  # q of each expanded node, root first
+    q_rows = [(q[0][:, 0], q[1][:, 0])] if q is not None else []  # (cand, q) of each expanded node, root first
     expanded = [torch.full((B, 1), -1, dtype=torch.long, device=dev)]  # candidate id of each q row
     front_idx = torch.arange(k, device=dev).expand(B, k)  # candidate ids of the frontier
     # Row-major strides like the later frontiers': one compiled step for all. (contiguous() is not enough: with
@@ -241,7 +299,7 @@ def draft_candidates(head, cache: HeadCache, root_out: torch.Tensor, root_logits
         rows = None if noise is None else noise[:, 1 + (d - 1) * k: 1 + d * k]
         child_tok, child_score, child_logp, q = _children(head, logits, score, logp, k, sampler, rows)  # (B, k, k)
         if q is not None:
-            q_rows.append(q)  # (B, k, V) one per frontier node
+            q_rows.append(q)  # (B, k, W) each, one row per frontier node
             expanded.append(front_idx)
         cand_tok.append(child_tok.flatten(1))
         cand_score.append(child_score.flatten(1))
@@ -278,17 +336,21 @@ def draft_tree(head, cache: HeadCache, root: torch.Tensor, root_out: torch.Tenso
     result = select_tree(root, c.tokens, c.parent, c.depth, c.score, tree.total_tokens)
     if sampler is None:
         return result, None
-    return result, node_q(result, c.q_rows, c.expanded, c.tokens.shape[1])
+    q = torch.empty(*result.tokens.shape, sampler.vocab_size, device=result.tokens.device)
+    return result, node_q(result, c.q_rows, c.expanded, c.tokens.shape[1], q)
 
 
-def node_q(tree: Tree, q_rows: list, expanded: list, n_cand: int) -> torch.Tensor:
-    """(B, N+1, V): the proposal distribution of each tree node (zeros if it was never expanded)."""
-    first = q_rows[0][:, None]  # (B, 1, V) the root's
-    q_all = torch.cat([first] + q_rows[1:], dim=1)  # (B, E, V) one row per expanded node
-    q_all = torch.cat((q_all, torch.zeros_like(q_all[:, :1])), dim=1)  # a zero row for "not expanded"
-    B, E = q_all.shape[0], q_all.shape[1] - 1
-    slot = torch.full((B, n_cand + 1), E, dtype=torch.long, device=q_all.device)  # cand id + 1 -> q row
+def node_q(tree: Tree, q_rows: list, expanded: list, n_cand: int, out: torch.Tensor) -> torch.Tensor:
+    """The proposal distribution of each tree node, written into ``out`` (B, N+1, V) (zeros for a node never
+    expanded) from the expanded nodes' (cand, q) rows (``Candidates.q_rows``). Returns ``out``."""
+    cand = torch.cat([q_rows[0][0][:, None]] + [c for c, _ in q_rows[1:]], dim=1)  # (B, E, W) one row per expanded
+    q = torch.cat([q_rows[0][1][:, None]] + [p for _, p in q_rows[1:]], dim=1)  # node, the root's first
+    # A last row for "not expanded": q = 0 written at token 0, which leaves its row of ``out`` all zeros.
+    cand, q = torch.cat((cand, torch.zeros_like(cand[:, :1])), 1), torch.cat((q, torch.zeros_like(q[:, :1])), 1)
+    B, E = q.shape[0], q.shape[1] - 1
+    slot = torch.full((B, n_cand + 1), E, dtype=torch.long, device=q.device)  # cand id + 1 -> q row
     ids = torch.cat(expanded, dim=1) + 1  # (B, E): root is candidate -1 -> 0
-    slot.scatter_(1, ids, torch.arange(E, device=q_all.device).expand(B, E))
-    rows = slot.gather(1, tree.source + 1)  # (B, N+1)
-    return q_all.gather(1, rows[:, :, None].expand(-1, -1, q_all.shape[-1]))
+    slot.scatter_(1, ids, torch.arange(E, device=q.device).expand(B, E))
+    rows = slot.gather(1, tree.source + 1)[:, :, None].expand(-1, -1, q.shape[-1])  # (B, N+1, W)
+    # A row's candidates are distinct tokens (a top-W, or the whole vocabulary), so the scatter writes each once.
+    return out.zero_().scatter_(2, cand.gather(1, rows), q.gather(1, rows))

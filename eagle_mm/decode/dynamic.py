@@ -146,7 +146,7 @@ class DynamicStorage:
         t, s = self.tree, self.sampler
         noise = None
         if s is not None:  # the same draws, in the same order, as the engine's
-            noise = draft_noise(torch.empty(self.root.shape[0], 1 + scratch_slots(t.top_k, t.depth), s.vocab_size,
+            noise = draft_noise(torch.empty(self.root.shape[0], 1 + scratch_slots(t.top_k, t.depth), s.width,
                                             device=self.root.device), s.generator)
         tree, q_nodes = draft_tree(self.head, self.head_cache, self.root, self.root_out, self.root_logits,
                                    self.root_pos, t, s, noise)

@@ -111,11 +111,11 @@ class Buffers:
     depth: torch.Tensor  # (B, Q)
     q_pos: torch.Tensor  # (B, Q) positions of the tree nodes
     q_nodes: torch.Tensor | None  # sampling: (B, Q, V) the draft distribution each node's children came from
-    noise: torch.Tensor | None  # sampling: (B, 1 + S, V) the next draft's Exp(1) draws
+    noise: torch.Tensor | None  # sampling: (B, 1 + S, W) the next draft's Exp(1) draws (W: DraftSampler.width)
 
     @classmethod
     def like(cls, hcache: HeadCache, root_out: torch.Tensor, root_logits: torch.Tensor, capacity: int,
-             scratch: int, q_len: int, vocab: int | None) -> "Buffers":
+             scratch: int, q_len: int, vocab: int | None, width: int | None) -> "Buffers":
         B, nkv, _, hd = hcache.k.shape
         n, idx = capacity + scratch, dict(dtype=torch.long, device=hcache.k.device)
         fp32 = dict(dtype=torch.float32, device=hcache.k.device)
@@ -124,7 +124,7 @@ class Buffers:
                   torch.zeros(B, **idx), root_out.new_zeros(B, root_out.shape[-1]),
                   root_logits.new_zeros(B, root_logits.shape[-1]), *(torch.zeros(B, q_len, **idx) for _ in range(4)),
                   torch.zeros(B, q_len, vocab, **fp32) if vocab else None,
-                  torch.ones(B, 1 + scratch, vocab, **fp32) if vocab else None)
+                  torch.ones(B, 1 + scratch, width, **fp32) if vocab else None)
         for f in fields(buf):
             if getattr(buf, f.name) is not None:
                 torch._dynamo.mark_static_address(getattr(buf, f.name))
@@ -218,12 +218,13 @@ class FixedStorage:
             raise ValueError(f"head cache of {S} entries does not match the target's {self.cur} prefilled slots")
         scratch, q_len = scratch_slots(t.top_k, t.depth), t.total_tokens + 1
         vocab = self.sampler.vocab_size if self.sampler is not None else None
+        width = self.sampler.width if self.sampler is not None else None
         key = (tuple(hcache.k.shape[:2]), hcache.k.shape[3], hcache.v.shape[3], self.length, scratch, q_len, vocab,
-               root_out.shape[-1], root_logits.shape[-1], hcache.k.dtype, root_out.dtype, root_logits.dtype,
+               width, root_out.shape[-1], root_logits.shape[-1], hcache.k.dtype, root_out.dtype, root_logits.dtype,
                hcache.k.device)
         old_key, buf = _BUFFERS.get(self.head, (None, None))
         if old_key != key:
-            buf = Buffers.like(hcache, root_out, root_logits, self.length, scratch, q_len, vocab)
+            buf = Buffers.like(hcache, root_out, root_logits, self.length, scratch, q_len, vocab, width)
             _BUFFERS[self.head] = (key, buf)  # one live set per head: a new shape frees the old one
         buf.head_k.zero_()
         buf.head_v.zero_()
@@ -335,7 +336,7 @@ def draft_step(head, head_k, head_v, head_pos, root, root_pos, root_out, root_lo
     depth_out.copy_(tree.depth)
     q_pos.copy_(root_pos[:, None] + tree.depth)
     if sampler is not None:
-        q_nodes.copy_(node_q(tree, c.q_rows, c.expanded, c.tokens.shape[1]))
+        node_q(tree, c.q_rows, c.expanded, c.tokens.shape[1], q_nodes)
 
 
 def keep_slots(keys: list, values: list, lengths: list, src: torch.Tensor, dst: torch.Tensor,

@@ -153,7 +153,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         raise ValueError(f"tree top_k={tree.top_k} exceeds the head's draft vocabulary of {vd} tokens")
     kind, mode, kinds = choose_storage(eagle_cache_implementation, eagle_compile, model, parts, logits_processor,
                                        device=input_ids.device)
-    sampler = DraftSampler.from_processors(logits_processor, head, generator) if gen.do_sample else None
+    sampler = DraftSampler.from_processors(logits_processor, head, generator, tree.top_k) if gen.do_sample else None
     stats = SpeculativeStats(accept_counts=[0] * tree.depth, tree=tree, autotree=autotree, engine=kind, mode=mode)
     lock = _model_lock(model) if kind == "fixed" else contextlib.nullcontext()
     with lock, FeatureCapture(parts, head.feature_layers(parts.num_layers),

@@ -83,7 +83,10 @@ def process_tree_logits(processors, rows: list, tree, logits: torch.Tensor, max_
     B, n, V = scores.shape
     if not reads_input_ids(processors):
         dummy = torch.zeros(B * n, 1, dtype=torch.long, device=scores.device)
-        return processors(dummy, scores.reshape(B * n, V)).reshape(B, n, V)
+        flat = scores.reshape(B * n, V)
+        for p in processors:  # what LogitsProcessorList does for these, without its per-call signature inspection
+            flat = p(dummy, flat)
+        return flat.reshape(B, n, V)
     if all(isinstance(p, INPUT_FREE + LENGTH_ONLY) for p in processors):
         # Lengths only: each node's sequence is its row's plus its depth; one batched call per processor.
         base = [r if isinstance(r, int) else r.numel() for r in rows]

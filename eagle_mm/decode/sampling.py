@@ -75,7 +75,7 @@ def sample_children(logq: torch.Tensor, k: int, generator: torch.Generator | Non
 
 
 def draft_noise(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Fill ``out`` (B, 1 + (depth-1) * top_k, V) fp32 with the Exp(1) draws of one sampled draft, in the order the
+    """Fill ``out`` (B, 1 + (depth-1) * top_k, W) fp32 with the Exp(1) draws of one sampled draft, in the order the
     draft consumes them: the root's row, then top_k rows per level (``draft.draft_candidates``)."""
     return out.exponential_(generator=generator)
 
