@@ -35,6 +35,7 @@ from .fixed import FixedStorage
 from .options import check_attention, check_generation_config, choose_storage, default_tree, pad_id, \
     resolve_tree, split_model_inputs
 from .processors import reads_input_ids, reads_tokens
+from .skinny import skinny_linears
 from .state import DecodeState, SpeculativeOutput, SpeculativeStats
 from .stopping import first_stop
 
@@ -156,8 +157,11 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     sampler = DraftSampler.from_processors(logits_processor, head, generator, tree.top_k) if gen.do_sample else None
     stats = SpeculativeStats(accept_counts=[0] * tree.depth, tree=tree, autotree=autotree, engine=kind, mode=mode)
     lock = _model_lock(model) if kind == "fixed" else contextlib.nullcontext()
-    with lock, FeatureCapture(parts, head.feature_layers(parts.num_layers),
-                                            input_embeds=head.reads_images(parts)) as cap:
+    # Eager steps on a CPU: few-row linears as W @ x^T (skinny.py); a compiler chooses its own kernels.
+    eager_cpu = input_ids.device.type == "cpu" and (kind == "dynamic" or mode is None)
+    linears = skinny_linears(model, head) if eager_cpu else contextlib.nullcontext()
+    with lock, linears, FeatureCapture(parts, head.feature_layers(parts.num_layers),
+                                       input_embeds=head.reads_images(parts)) as cap:
         if kind == "fixed":
             store = FixedStorage(model, head, kinds, tree, input_ids.shape[0], input_ids.shape[1],
                                  gen.max_length, mode, sampler)
