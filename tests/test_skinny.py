@@ -78,3 +78,20 @@ def test_concurrent_blocks_share_one_replacement():
     for w in workers:
         w.join()
     assert not any("forward" in m.__dict__ for m in net.modules())
+
+
+def test_the_default_cpu_call_uses_it_and_gives_generates_tokens(monkeypatch):
+    import eagle_mm as em
+    from tests.tiny import prompt, tiny_model
+
+    model = tiny_model("llama")
+    head = em.Eagle3Head.from_target(model)
+    ids = prompt(10)
+    ref = model.generate(ids, max_new_tokens=12, do_sample=False)
+    rows = []
+    real = skinny._forward
+    monkeypatch.setattr(skinny, "_forward", lambda m, x: rows.append(x.numel() // x.shape[-1]) or real(m, x))
+    out = em.speculative_generate(model, head, ids, max_new_tokens=12, do_sample=False)
+    assert torch.equal(out, ref)
+    assert any(2 <= r <= skinny.MAX_ROWS for r in rows)  # the verify's few rows went through W @ x^T
+    assert not any("forward" in m.__dict__ for m in (*model.modules(), *head.modules()))  # given back

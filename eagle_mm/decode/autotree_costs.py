@@ -7,6 +7,7 @@ Timed jobs take turns round by round (a slow spell of a shared machine hits all 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import statistics
@@ -21,6 +22,7 @@ from .masks import layer_kinds, tree_masks
 from ..target.compat import cache_kwarg, output_cache
 from ..config import TreeConfig
 from .draft import draft_tree, extend_head
+from .skinny import skinny_linears
 from ..kernels import verify_greedy
 from .tree import ancestors
 
@@ -209,8 +211,10 @@ def measure_costs(model, head, decode, *, sizes=SIZES, top_ks=TOP_KS, depth: int
     1 and top_k 1 are always measured: the loop overhead is the residual of a chain of one."""
     head.attach(model)
     timing = dict(prefix_len=prefix_len, batch_size=batch_size, repeats=repeats, warmup=warmup)
-    partial = DeviceCosts(verify=measure_verify_cost(model, sorted(set(sizes) | {1}), **timing),
-                          draft=measure_draft_cost(head, sorted(set(top_ks) | {1}), depth=depth, **timing))
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    with skinny_linears(model, head) if on_cpu else contextlib.nullcontext():  # the linears an eager decode runs
+        partial = DeviceCosts(verify=measure_verify_cost(model, sorted(set(sizes) | {1}), **timing),
+                              draft=measure_draft_cost(head, sorted(set(top_ks) | {1}), depth=depth, **timing))
     fixed = measure_loop_overhead(model, head, partial, decode, prefix_len=prefix_len, batch_size=batch_size,
                                   repeats=repeats)
     return DeviceCosts(verify=partial.verify, draft=partial.draft, fixed=fixed)
