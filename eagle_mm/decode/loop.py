@@ -157,11 +157,12 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     sampler = DraftSampler.from_processors(logits_processor, head, generator, tree.top_k) if gen.do_sample else None
     stats = SpeculativeStats(accept_counts=[0] * tree.depth, tree=tree, autotree=autotree, engine=kind, mode=mode)
     lock = _model_lock(model) if kind == "fixed" else contextlib.nullcontext()
-    # Eager steps on a CPU: few-row linears as W @ x^T (skinny.py); a compiler chooses its own kernels.
+    # Eager cycles on a CPU: few-row linears as W @ x^T (skinny.py); a compiler chooses its own kernels, and the
+    # prefill keeps generate()'s own arithmetic (its first token and features are bit for bit generate()'s).
     eager_cpu = input_ids.device.type == "cpu" and (kind == "dynamic" or mode is None)
     linears = skinny_linears(model, head) if eager_cpu else contextlib.nullcontext()
-    with lock, linears, FeatureCapture(parts, head.feature_layers(parts.num_layers),
-                                       input_embeds=head.reads_images(parts)) as cap:
+    with lock, FeatureCapture(parts, head.feature_layers(parts.num_layers),
+                              input_embeds=head.reads_images(parts)) as cap:
         if kind == "fixed":
             store = FixedStorage(model, head, kinds, tree, input_ids.shape[0], input_ids.shape[1],
                                  gen.max_length, mode, sampler)
@@ -173,10 +174,11 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
                          generator)
         _commit(state, state.first[:, None].tolist(), stopping_criteria, streamer)
         stats.time_prefill += time.perf_counter() - t0
-        while not all(state.finished):
-            _check_cache_room(parts, store.cur, tree)
-            _cycle(model, head, cap, store, state, tree, gen, logits_processor, stopping_criteria, streamer, sampler,
-                   generator, stats)
+        with linears:
+            while not all(state.finished):
+                _check_cache_room(parts, store.cur, tree)
+                _cycle(model, head, cap, store, state, tree, gen, logits_processor, stopping_criteria, streamer,
+                       sampler, generator, stats)
         stats.time_compile = store.setup - setup0
     if streamer is not None:
         streamer.end()

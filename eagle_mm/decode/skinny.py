@@ -8,8 +8,8 @@ the linears taken this way, a verify of a few tokens costs about what one token 
 pays on a CPU too (code-tiny: 0.95-1.03x ``generate`` without, 1.21-1.37x with, in one run each).
 
 ``skinny_linears(model, head)`` gives the plain ``nn.Linear`` modules (the exact class: quantized or adapter
-subclasses keep their own forward) of fp32 CPU modules this forward for the duration of a decode, then takes it
-back. It is an instance attribute, as accelerate's hooks are, never a change to a class: other models are not
+subclasses keep their own forward) of fp32 CPU modules this forward for the decode cycles (``loop.py``: not the
+prefill, which keeps ``generate``'s own arithmetic), then takes it back. It is an instance attribute, as accelerate's hooks are, never a change to a class: other models are not
 touched, and a module whose forward is already replaced on the instance (by such a hook) is left alone. Calls that
 overlap on one module share one replacement (counted), so another thread decoding the same model concurrently sees
 the same arithmetic. Rows outside 2-128, other dtypes and other devices run ``F.linear`` as before.
