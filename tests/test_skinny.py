@@ -95,3 +95,11 @@ def test_the_default_cpu_call_uses_it_and_gives_generates_tokens(monkeypatch):
     assert torch.equal(out, ref)
     assert any(2 <= r <= skinny.MAX_ROWS for r in rows)  # the verify's few rows went through W @ x^T
     assert not any("forward" in m.__dict__ for m in (*model.modules(), *head.modules()))  # given back
+
+
+def test_output_is_laid_out_as_linears():
+    """Models view their projections (Llama 4's rotary calls view_as_complex): the last stride must be 1."""
+    net = _net()
+    with skinny_linears(net):
+        y = net[0](torch.randn(2, 3, 16))
+    assert y.is_contiguous() and y.shape == (2, 3, 32)

@@ -37,10 +37,11 @@ def _forward(m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // k if k else 0
     if not (2 <= rows <= MAX_ROWS and x.dtype == m.weight.dtype == torch.float32 and x.device.type == "cpu"):
         return F.linear(x, m.weight, m.bias)
-    out = torch.mm(m.weight, (x if x.dim() == 2 else x.reshape(rows, k)).t()).t()  # (rows, N): a transposed view
+    # (rows, N), laid out as F.linear's: models view their projections (Llama 4's rotary needs a last stride of 1).
+    out = torch.mm(m.weight, (x if x.dim() == 2 else x.reshape(rows, k)).t()).t().contiguous()
     if m.bias is not None:
         out = out + m.bias
-    return out if x.dim() == 2 else out.reshape(*x.shape[:-1], out.shape[1])
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[1])
 
 
 def _linears(modules) -> list:
