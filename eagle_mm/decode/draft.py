@@ -24,7 +24,7 @@ import torch
 from transformers.generation import logits_process as lp
 
 from ..config import TreeConfig
-from .processors import reads_input_ids
+from .processors import apply_input_free, reads_input_ids
 from .sampling import draft_noise, sample_children, sibling_scores
 from .tree import Tree, select_tree
 
@@ -103,8 +103,7 @@ class DraftSampler:
         full = draft_logits.new_full((B, M, self.vocab_size), float("-inf"))
         full[..., self.target_ids] = draft_logits.float()
         if self.warpers:
-            dummy = torch.zeros(B * M, 1, dtype=torch.long, device=full.device)
-            full = self.warpers(dummy, full.view(B * M, -1)).view(B, M, -1)
+            full = apply_input_free(self.warpers, full.view(B * M, -1)).view(B, M, -1)
         return torch.log_softmax(full, dim=-1)
 
 
@@ -126,9 +125,9 @@ def _min_p(p, values):
 
 
 def _top_k(p, values):
-    drop = torch.zeros(values.shape[-1], dtype=torch.bool, device=values.device)
-    drop[p.top_k:] = True
-    return values.masked_fill(drop, float("-inf"))
+    out = values.clone()
+    out[..., p.top_k:] = float("-inf")  # sorted: the k largest come first
+    return out
 
 
 # transformers' warpers with their rule on values sorted largest first (what the compact proposal applies).

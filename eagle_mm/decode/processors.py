@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from transformers.generation import logits_process as lp
 
-__all__ = ["process_tree_logits", "reads_input_ids", "reads_tokens", "node_paths", "capturable_warpers", "INPUT_FREE"]
+__all__ = ["process_tree_logits", "apply_input_free", "reads_input_ids", "reads_tokens", "node_paths",
+           "capturable_warpers", "INPUT_FREE"]
 
 INPUT_FREE = tuple(
     getattr(lp, name)
@@ -40,6 +41,16 @@ def _length_only(p, base: list[int], depth: torch.Tensor, scores: torch.Tensor) 
     eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device), p.eos_token_id.to(scores.device))
     short = (lengths - skip) < minimum  # (M,)
     return scores.masked_fill(short[:, None] & eos[None, :], float("-inf"))
+
+
+def apply_input_free(processors, scores: torch.Tensor) -> torch.Tensor:
+    """Input-free processors (``INPUT_FREE``) on scores (M, V), in order: what ``LogitsProcessorList`` does for
+    them, without its signature inspection of every processor on every call (the decode cycle calls this each
+    cycle, and the draft once per level)."""
+    dummy = torch.zeros(scores.shape[0], 1, dtype=torch.long, device=scores.device)
+    for p in processors:
+        scores = p(dummy, scores)
+    return scores
 
 
 def reads_input_ids(processors) -> bool:
@@ -82,18 +93,14 @@ def process_tree_logits(processors, rows: list, tree, logits: torch.Tensor, max_
         return scores
     B, n, V = scores.shape
     if not reads_input_ids(processors):
-        dummy = torch.zeros(B * n, 1, dtype=torch.long, device=scores.device)
-        flat = scores.reshape(B * n, V)
-        for p in processors:  # what LogitsProcessorList does for these, without its per-call signature inspection
-            flat = p(dummy, flat)
-        return flat.reshape(B, n, V)
+        return apply_input_free(processors, scores.reshape(B * n, V)).reshape(B, n, V)
     if all(isinstance(p, INPUT_FREE + LENGTH_ONLY) for p in processors):
         # Lengths only: each node's sequence is its row's plus its depth; one batched call per processor.
         base = [r if isinstance(r, int) else r.numel() for r in rows]
-        dummy = torch.zeros(B * n, 1, dtype=torch.long, device=scores.device)
         flat = scores.reshape(B * n, V)
         for p in processors:
-            flat = _length_only(p, base, tree.depth, flat) if isinstance(p, LENGTH_ONLY) else p(dummy, flat)
+            flat = _length_only(p, base, tree.depth, flat) if isinstance(p, LENGTH_ONLY) else \
+                apply_input_free([p], flat)
         return flat.reshape(B, n, V)
     paths = tree.tokens.gather(1, node_paths(tree.parent, tree.depth, max_depth).flatten(1)).view(B, n, -1)
     depth = tree.depth.cpu()  # the slow path groups nodes by depth on the host
