@@ -62,9 +62,54 @@ def test_rows_finish_at_different_times_like_generate():
     assert torch.equal(out, ref)
 
 
+@pytest.mark.compat
+@pytest.mark.parametrize("storage", [None, "dynamic"], ids=["engine", "fallback"])
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled-top1"])
+def test_finished_rows_stop_costing(storage, do_sample):
+    """Rows that stop early leave the batch: later verify forwards run on the live rows only (the engine's eager
+    CPU run shrinks to them exactly), and the tokens stay generate()'s. ``top_k=1`` sampling is greedy's tokens
+    through the sampling path (its proposal and rejection buffers move with their rows)."""
+    model = tiny_model("llama")
+    ids, mask = _batch()
+    cont = model.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False)[:, ids.shape[1]:]
+    eos = int(cont[0, 4])
+    model.generation_config.eos_token_id = eos  # row 0 stops early, others when they emit it, or at the limit
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False)
+    stops = {int((r == eos).nonzero()[0]) if (r == eos).any() else 30 for r in ref[:, ids.shape[1]:]}
+    assert len(stops) >= 3  # the rows stop at three different times at least
+    head = _forced(model, "eagle3", ids, mask, 30, 0.1)
+    batches = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: batches.append(kw["input_ids"].shape[0]),
+                                           with_kwargs=True)
+    try:
+        out = em.speculative_generate(model, head, input_ids=ids, attention_mask=mask, max_new_tokens=30,
+                                      tree=em.TreeConfig(depth=4, top_k=2, total_tokens=6), do_sample=do_sample,
+                                      top_k=1, cache_implementation=storage, return_dict_in_generate=True)
+    finally:
+        hook.remove()
+    assert torch.equal(out.sequences, ref)
+    verify = batches[1:]  # after the prefill
+    assert verify == sorted(verify, reverse=True) and verify[0] == 4 and len(set(verify)) >= 3
+    assert len(verify) == out.stats.num_target_forwards
+    assert out.stats.num_drafts == sum(verify)  # every row a forward ran on was a live row
+
+
 def test_random_head_batch_with_default_tree():
     model = tiny_model("gemma3_text")
     ids, mask = _batch()
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
     head = em.Eagle3Head.from_target(model)
     assert torch.equal(em.speculative_generate(model, head, input_ids=ids, attention_mask=mask, max_new_tokens=16), ref)
+
+
+def test_plan_keeps_live_rows_first():
+    from eagle_mm.decode.rows import plan
+
+    fin = [True, False, False, True, False, True, True, True]
+    assert plan(list(range(8)), fin, powers_of_two=False) == [1, 2, 4]
+    assert plan(list(range(8)), fin, powers_of_two=True) == [1, 2, 4, 0]  # 4 rows: one finished row pads it
+    assert plan([4, 1], fin, powers_of_two=False) is None  # both live
+    assert plan([4, 1, 0], fin, powers_of_two=True) == [0, 1]  # 2 live of 3 rows: 2 is a power of two
+    assert plan([4, 1, 2, 0], fin, powers_of_two=True) is None  # 3 live of 4: a power of two is not smaller
+    assert plan([3, 4, 1, 0], fin, powers_of_two=True) == [1, 2]  # storage rows holding the call's rows 4 and 1
+    assert plan([0, 3], fin, powers_of_two=False) is None  # all finished: the loop stops anyway

@@ -221,12 +221,13 @@ def _recording_wrapped(seen: dict):
 def test_compiled_graphs_write_only_static_inputs(monkeypatch, do_sample):
     """A CUDA graph writes only into memory it owns or that stays at its address. CPU has no CUDA graphs, so check
     the condition itself on every step the cycle captures: the prefill, the draft (greedy and sampled), the
-    verify and the update (all captured on CUDA; compile= compiles some of them: all four are traced here)."""
+    verify, the sampled acceptance and the update (all captured on CUDA; compile= compiles some of them: all are
+    traced here)."""
     import eagle_mm.decode.fixed as fixed
 
     seen = {}
     monkeypatch.setattr(fixed, "wrapped", _recording_wrapped(seen))
-    monkeypatch.setattr(fixed, "_COMPILED_STEPS", ("prefill", "verify", "draft", "update"))
+    monkeypatch.setattr(fixed, "_COMPILED_STEPS", ("prefill", "verify", "draft", "update", "accept"))
     model = tiny_model("llama")
     ids = prompt(8)
     head, _ = _forced(model, ids, torch.ones_like(ids), 12)
@@ -234,12 +235,12 @@ def test_compiled_graphs_write_only_static_inputs(monkeypatch, do_sample):
     outs = [em.speculative_generate(model, head, ids, generator=torch.Generator().manual_seed(3), **kw,
                                     cache_implementation="static", compile=c) for c in (False, "default")]
     assert torch.equal(outs[0], outs[1])  # the same ops, traced: the same tokens, sampled ones included
-    assert sorted(seen) == ["draft", "prefill", "update", "verify"]
+    assert sorted(seen) == ["accept"] * do_sample + ["draft", "prefill", "update", "verify"]  # sampled: accept too
     for name, graphs in seen.items():
         assert len(graphs) == 1, name  # one graph each, reused every cycle
         mutated, static = graphs[0]
         assert mutated <= static, f"{name} writes inputs {sorted(mutated - static)} of non-static address"
-        assert mutated, name  # each step writes its buffers or the cache in place
+        assert bool(mutated) == (name != "accept"), name  # each step but the acceptance writes in place
 
 
 def _cuda_forced(n_new, dtype=torch.float32):
@@ -289,6 +290,68 @@ def test_graphs_sampling_cuda():
                                     compile=m) for c, m in (("static", False), (None, None), (None, None))]
     assert outs[0].shape == (1, 34)
     assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_graphs_drop_finished_rows_cuda():
+    """Rows that stop early leave the captured engine's batch (4 rows, then 2, then 1): generate()'s tokens, one
+    graph per batch size, and a second call replays them all without capturing."""
+    from eagle_mm.decode.graphs import _WRAPPED
+    from tests.test_batch import _batch
+
+    model = tiny_model("llama").cuda()
+    ids, mask = (t.cuda() for t in _batch())
+    cont = model.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False)[:, ids.shape[1]:]
+    eos = int(cont[0, 4])
+    model.generation_config.eos_token_id = eos
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False)
+    stops = {int((r == eos).nonzero()[0]) if (r == eos).any() else 30 for r in ref[:, ids.shape[1]:]}
+    assert len(stops) >= 3
+    head = em.Eagle3Head.from_target(model).cuda()
+
+    def captures():
+        return sum(f.captures for table in (_WRAPPED[model], _WRAPPED[head]) for f in table.values()
+                   if hasattr(f, "captures"))
+
+    kw = dict(attention_mask=mask, max_new_tokens=30, tree=TREE, return_dict_in_generate=True)
+    first = em.speculative_generate(model, head, ids, **kw)
+    n = captures()
+    second = em.speculative_generate(model, head, ids, **kw)
+    assert first.stats.mode == "graphs" and captures() == n and second.stats.time_compile == 0
+    verify = _WRAPPED[model][("verify", "graphs")]
+    assert len(verify._graphs) >= 2  # a graph per batch size (the prompt bucket is the same)
+    for out in (first, second):
+        assert torch.equal(out.sequences, ref)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_graphs_sampled_batch_cuda():
+    """Sampling in the captured engine (the draft, and the acceptance with its noise drawn outside the graph) over a
+    batch whose first row stops early (2 rows, then 1): the eager engine's tokens for one seed, at the first call and
+    at the second, which captures nothing."""
+    from eagle_mm.decode.graphs import _WRAPPED
+
+    model = tiny_model("llama").cuda()
+    ids = prompt(8, batch=2, seed=3).cuda()
+    head = em.Eagle3Head.from_target(model).cuda()
+
+    def run(**kw):
+        return em.speculative_generate(model, head, ids, max_new_tokens=24, do_sample=True, temperature=0.8,
+                                       top_k=20, tree=TREE, generator=torch.Generator("cuda").manual_seed(5),
+                                       return_dict_in_generate=True, **kw)
+
+    free = run(cache_implementation="static", compile=False).sequences[:, ids.shape[1]:]
+    eos = next(int(t) for t in free[0] if int(t) not in free[1].tolist())  # row 0 stops there, row 1 goes on
+    model.generation_config.eos_token_id = eos
+    eager = run(cache_implementation="static", compile=False)
+    first = run()
+    captures = sum(f.captures for f in _WRAPPED[head].values() if hasattr(f, "captures"))
+    second = run()
+    assert first.stats.mode == "graphs" and ("accept", "graphs") in _WRAPPED[head]
+    assert sum(f.captures for f in _WRAPPED[head].values() if hasattr(f, "captures")) == captures
+    for out in (first, second):
+        assert torch.equal(out.sequences, eager.sequences)
+    assert int((eager.sequences[0, ids.shape[1]:] == eos).sum()) >= 1  # row 0 did stop
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton verify kernel runs on a CUDA GPU here")

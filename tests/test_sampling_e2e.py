@@ -137,7 +137,7 @@ def test_wrong_rule_is_detected(monkeypatch):
     head = em.Eagle3Head.from_target(model, aux_layers=(0, 2, 4))
     temperature, top_k, top_p = SETTINGS[0]
     exact = _exact(model, _warpers(temperature, top_k, top_p))
-    def wrong(tree, scores, q, generator=None):
+    def wrong(tree, scores, q, generator=None, noise=None):  # draws its own noise (the torch RNG in the engine)
         return _wrong_rule(tree, torch.softmax(scores, -1), q, generator)
 
     monkeypatch.setattr(gen_mod, "tree_rejection_sample_scores", wrong)

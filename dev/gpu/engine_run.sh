@@ -13,13 +13,14 @@ log() { echo "$(date -u +%T) $*" | tee -a "$OUT/steps.log"; }
 for s in $STEPS; do
   log "start $s"
   case $s in
-    cudatests) TRITON_INTERPRET=0 timeout 200 python -m pytest -q -rs tests/test_engine.py::test_graphs_equal_eager_cuda \
+    cudatests) TRITON_INTERPRET=0 timeout 240 python -m pytest -q -rs tests/test_engine.py::test_graphs_equal_eager_cuda \
                  tests/test_engine.py::test_graphs_sampling_cuda tests/test_engine.py::test_triton_verify_bf16_equals_generate_cuda \
+                 tests/test_engine.py::test_graphs_drop_finished_rows_cuda tests/test_engine.py::test_graphs_sampled_batch_cuda \
                  tests/test_graphs.py tests/test_kernels_sampling.py > "$OUT/cudatests.log" 2>&1 ;;
     scenes) timeout 180 python bench/bench_matrix.py --model scenes-tiny --repeats 2 --out "$OUT/scenes.json" \
               > "$OUT/scenes.log" 2>&1 ;;
     probe) timeout 90 python dev/gpu/topk_probe.py > "$OUT/topk_probe.txt" 2>&1 ;;
-    matrix) timeout 200 python bench/bench_matrix.py --repeats 2 --out "$OUT/matrix.json" > "$OUT/matrix.log" 2>&1 ;;
+    matrix) timeout 300 python bench/bench_matrix.py --repeats 2 --out "$OUT/matrix.json" > "$OUT/matrix.log" 2>&1 ;;
     cold) timeout 160 python bench/bench_cold.py --out "$OUT/cold.json" > "$OUT/cold.log" 2>&1 ;;
     auto) timeout 150 python bench/bench_code_tiny.py --device cuda --dtype float32 --prompts 8 --max-new-tokens 128 --modes greedy \
             --methods eagle3_tree eagle3_auto --out "$OUT/auto.json" > "$OUT/auto.log" 2>&1 ;;

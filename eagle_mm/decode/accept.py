@@ -18,13 +18,14 @@ __all__ = ["accept", "committed"]
 
 
 def accept(tree: Tree, logits: torch.Tensor, q_nodes: torch.Tensor | None, processors, rows: list, depth: int,
-           generator: torch.Generator | None):
+           generator: torch.Generator | None, noise=None):
     """(accept_len (B,), path (B, D+1), bonus (B, 1), scores (B, N+1, V)) for the target's logits (B, N+1, V) at
     the tree's nodes; ``scores`` are the processed logits the acceptance read.
 
     ``q_nodes`` (B, N+1, V): the draft distribution each node's children were drawn from (sampling), or None
     (greedy). ``rows``: each row's sequence so far, or its length, for processors that read them (else empty;
-    see ``process_tree_logits``).
+    see ``process_tree_logits``). ``noise``: sampling's (u, e), drawn already (``sampling.walk_noise``), or None
+    to draw them from ``generator``.
     """
     if q_nodes is None:
         scores = process_tree_logits(processors, rows, tree, logits, depth) if processors else logits
@@ -32,7 +33,7 @@ def accept(tree: Tree, logits: torch.Tensor, q_nodes: torch.Tensor | None, proce
                                                    with_path=True)
     else:
         scores = process_tree_logits(processors, rows, tree, logits, depth)  # (B, N+1, V) fp32
-        accept_len, best, bonus = tree_rejection_sample_scores(tree, scores, q_nodes, generator)
+        accept_len, best, bonus = tree_rejection_sample_scores(tree, scores, q_nodes, generator, noise=noise)
         path = path_indices(tree, best, depth)  # (B, D+1)
     return accept_len, path, bonus[:, None], scores
 

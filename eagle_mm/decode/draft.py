@@ -161,11 +161,11 @@ def extend_head(head, cache: HeadCache | None, hidden: torch.Tensor, tokens: tor
 
     hidden (B, A, F) target features; tokens (B, A) the next tokens; pos (B, A) positions, -1 = padding.
     Returns (cache, out (B, A, H), logits (B, A, V_draft)). ``step``: the head's step function (default
-    ``head.step``). A static cache is written in place by ``eagle_mm.decode.cycle_fixed.update_step`` instead.
+    ``head.step``). A static cache is written in place by ``eagle_mm.decode.steps.update_step`` instead.
     """
     if cache is not None and cache.length is not None:
         raise ValueError("extend_head appends to a dynamic head cache; a static one is written by "
-                         "eagle_mm.decode.cycle_fixed.update_step")
+                         "eagle_mm.decode.steps.update_step")
     out, logits, (k, v) = head_entries(head, cache, hidden, tokens, pos, embeds, step=step)
     if cache is None:
         return HeadCache(k, v, pos), out, logits

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..target.compat import cache_kwarg, output_cache
-from .accept import committed
+from .accept import accept, committed
 from .draft import HeadCache, bonus_entry, draft_tree, extend_head, scratch_slots
 from .masks import layer_kinds, tree_masks
 from .sampling import draft_noise
@@ -120,6 +120,7 @@ class DynamicStorage:
     needs), so ``read`` hands back what it read."""
 
     setup = 0.0  # nothing is compiled or captured
+    compacts, pow2 = True, False  # finished rows are dropped (``compact``), to the live rows exactly
 
     def __init__(self, model, head, parts, tree, sampler=None):
         self.model, self.head, self.parts, self.tree, self.sampler = model, head, parts, tree, sampler
@@ -160,6 +161,9 @@ class DynamicStorage:
                             **{self._cache_kwarg: self.cache}, use_cache=True).logits
         return logits, cap.features()
 
+    def accept(self, tree: Tree, logits, q_nodes, processors, rows: list, depth: int, generator):
+        return accept(tree, logits, q_nodes, processors, rows, depth, generator)
+
     def update(self, tokens, q_pos, feats, accept_len, path, bonus) -> torch.Tensor:
         new_tok, new_pos = committed(tokens, q_pos, accept_len, path, bonus)  # (B, D+1) each
         packed = torch.cat((accept_len[:, None], new_tok), 1).cpu()  # this path's one host read
@@ -176,6 +180,17 @@ class DynamicStorage:
 
     def read(self, packed: torch.Tensor) -> torch.Tensor:
         return packed
+
+    def compact(self, keep: list[int]) -> None:
+        """Go on with the rows ``keep`` only (``rows.plan``), in that order."""
+        idx = torch.tensor(keep, device=self.root.device)
+        self.cache.batch_select_indices(idx)
+        self.book.full = self.book.full[idx]
+        self.book.windows = {w: p[idx] for w, p in self.book.windows.items()}
+        h = self.head_cache
+        self.head_cache = HeadCache(h.k[idx], h.v[idx], h.pos[idx], h.length, h.scratch)
+        self.root, self.root_pos, self.root_out, self.root_logits = (
+            t[idx] for t in (self.root, self.root_pos, self.root_out, self.root_logits))
 
     def advance(self, n: int) -> None:
         """Nothing to move: the cache grew in ``update``."""

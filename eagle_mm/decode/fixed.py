@@ -4,9 +4,9 @@ Every cycle runs the same shapes: the tree always has ``total_tokens + 1`` nodes
 that many), the target's KV cache is an HF ``Cache`` of ``StaticLayer`` of a fixed length L, the verify mask is
 (B, 1, Q, L), the kept path is always written as D+1 slots (those past the accepted length are padding that the
 next cycle overwrites), and the head's cache is a fixed buffer with scratch slots for the draft steps. The
-cycle's steps are then four functions of tensors: ``prefill_step`` (text prompts, bucketed by length),
-``draft_step``, ``verify_step`` and ``update_step``. ``graphs.wrapped`` runs each one eagerly, captured as a CUDA
-graph, or compiled and captured.
+cycle's steps are then functions of tensors (``steps.py``): ``prefill_step`` (text prompts, bucketed by length),
+``draft_step``, ``verify_step``, ``accept_step`` (sampling with input-free warpers; its noise drawn outside it) and
+``update_step``. ``graphs.wrapped`` runs each one eagerly, captured as a CUDA graph, or compiled and captured.
 
 Slots: ``pos`` (B, L) holds the token position in each target cache slot, -1 where empty. The write pointer is
 ``cur``: a forward writes its Q slots at [cur, cur+Q) (HF's ``StaticLayer`` writes at its ``cumulative_length``,
@@ -22,19 +22,22 @@ after that graph runs again.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 
 from ..target.compat import cache_kwarg
-from .accept import committed
-from .draft import HeadCache, bonus_entry, draft_candidates, head_entries, node_q, scratch_slots
+from .accept import accept
+from .draft import HeadCache, scratch_slots
 from .graphs import CUDA_GRAPH_MODES, setup_seconds, wrapped
-from .masks import LayerKind, tree_masks
-from .sampling import draft_noise
-from .tree import Tree, ancestors, select_tree
+from .masks import LayerKind
+from .rows import cache_rows, move_rows, static_rows
+from .processors import reads_input_ids
+from .sampling import draft_noise, walk_noise
+from .steps import accept_step, draft_step, prefill_step, update_step, verify_step
+from .tree import Tree
 
-__all__ = ["FixedStorage", "cache_length", "prefill_length", "draft_step", "verify_step", "update_step"]
+__all__ = ["FixedStorage", "Buffers", "cache_length", "prefill_length"]
 
 _SLOT_ROUND = 128  # cache lengths are rounded up so that repeated calls reuse one cache and one graph
 # What compile=True compiles: the target's verify forward, where fusing its many small kernels pays most, and the
@@ -73,6 +76,7 @@ class _TargetCache:
     batch: int
     cache: object  # the HF Cache of StaticLayers
     pos: torch.Tensor | None = None  # (B, L) slot positions, allocated at the first prefill
+    views: dict = field(default_factory=dict)  # n -> the cache over its first n rows (rows.cache_rows), kept: graphs
 
 
 # One target cache per model and one set of buffers per head, kept between calls: graphs are bound to them.
@@ -112,6 +116,8 @@ class Buffers:
     q_pos: torch.Tensor  # (B, Q) positions of the tree nodes
     q_nodes: torch.Tensor | None  # sampling: (B, Q, V) the draft distribution each node's children came from
     noise: torch.Tensor | None  # sampling: (B, 1 + S, W) the next draft's Exp(1) draws (W: DraftSampler.width)
+    u: torch.Tensor | None  # sampling: (B, Q) the acceptance walk's uniforms (``sampling.walk_noise``)
+    e: torch.Tensor | None  # sampling: (B, V) the bonus token's Exp(1) draws
 
     @classmethod
     def like(cls, hcache: HeadCache, root_out: torch.Tensor, root_logits: torch.Tensor, capacity: int,
@@ -124,11 +130,21 @@ class Buffers:
                   torch.zeros(B, **idx), root_out.new_zeros(B, root_out.shape[-1]),
                   root_logits.new_zeros(B, root_logits.shape[-1]), *(torch.zeros(B, q_len, **idx) for _ in range(4)),
                   torch.zeros(B, q_len, vocab, **fp32) if vocab else None,
-                  torch.ones(B, 1 + scratch, width, **fp32) if vocab else None)
+                  torch.ones(B, 1 + scratch, width, **fp32) if vocab else None,
+                  torch.zeros(B, q_len, **fp32) if vocab else None, torch.ones(B, vocab, **fp32) if vocab else None)
         for f in fields(buf):
             if getattr(buf, f.name) is not None:
                 torch._dynamo.mark_static_address(getattr(buf, f.name))
         return buf
+
+    def batched(self) -> list[torch.Tensor]:
+        """The buffers with a batch dimension (all but ``cur``)."""
+        return [t for t in (getattr(self, f.name) for f in fields(self)) if t is not None and t.dim() > 0]
+
+    def rows(self, n: int) -> "Buffers":
+        """The same buffers over their first n rows (static views at the same addresses)."""
+        return Buffers(**{f.name: static_rows(t, n) if t is not None and t.dim() > 0 else t
+                          for f in fields(self) for t in (getattr(self, f.name),)})
 
 
 class FixedStorage:
@@ -136,7 +152,8 @@ class FixedStorage:
     (run as ``mode`` says: None eager, "graphs", or a ``torch.compile`` mode; see ``graphs.wrapped``).
 
     The host keeps its own copy of the write pointer (``cur``) for the room checks; ``advance`` moves it on after
-    the cycle's host read, as ``update_step`` moved the device's.
+    the cycle's host read, as ``update_step`` moved the device's. ``compact`` goes on with fewer rows (``rows.py``):
+    eager and CUDA-graph runs do (graphs in powers of two), compiled runs keep their batch.
     """
 
     def __init__(self, model, head, kinds: list[LayerKind], tree, batch: int, prompt_len: int, max_length: int,
@@ -154,17 +171,20 @@ class FixedStorage:
         self.length = self.cache.layers[0].max_cache_len
         self.cur = 0
         self.buf: Buffers | None = None
+        self.batch = batch  # rows the cycle runs on: fewer after ``compact``
+        self.compacts, self.pow2 = mode in (None, "graphs"), mode == "graphs"
         self._next = None  # the next cycle's draft, launched ahead of the host read
         self._host = self._read_done = None  # pinned landing buffer and its event, on CUDA
         self._prefill = wrapped(model, "prefill", prefill_step, _step_mode("prefill", mode), unkeyed=(4,))
         self._verify = wrapped(model, "verify", verify_step, _step_mode("verify", mode), unkeyed=(4,))
         self._draft = wrapped(head, "draft", draft_step, _step_mode("draft", mode))
         self._update = wrapped(head, "update", update_step, _step_mode("update", mode))
+        self._accept = wrapped(head, "accept", accept_step, _step_mode("accept", mode))
 
     @property
     def setup(self) -> float:
         """Seconds this engine's step functions have spent compiling or capturing, over all calls so far."""
-        return setup_seconds(self._prefill, self._verify, self._draft, self._update)
+        return setup_seconds(self._prefill, self._verify, self._draft, self._update, self._accept)
 
     def _slot_positions(self, slot_pos: torch.Tensor) -> torch.Tensor:
         B, T = slot_pos.shape
@@ -174,7 +194,7 @@ class FixedStorage:
             pos = self._entry.pos = slot_pos.new_empty(B, self.length)
             torch._dynamo.mark_static_address(pos)
         pos.fill_(-1)
-        self.cur = T
+        self.cur, self._pos = T, pos
         return pos
 
     def prefill(self, cap, input_ids, slot_pos, position_ids, extra: dict | None):
@@ -235,8 +255,23 @@ class FixedStorage:
         for dst, src in ((buf.root, root), (buf.root_pos, root_pos), (buf.root_out, root_out),
                          (buf.root_logits, root_logits)):
             dst.copy_(src)
-        self.buf, self._next = buf, None
+        self.buf, self._full, self._next = buf, buf, None
         self._layers = self._layers_initialized()
+
+    def compact(self, keep: list[int]) -> None:
+        """Go on with the storage rows ``keep`` (``rows.plan``): moved to the first rows of the full-size cache and
+        buffers, which the cycle then runs on as views. A draft launched ahead moves with its rows."""
+        n, entry = len(keep), self._entry
+        layers = [la for la in entry.cache.layers if la.is_initialized]
+        full = [la.keys for la in layers] + [la.values for la in layers] + [entry.pos] + self._full.batched()
+        move_rows([t[: self.batch] for t in full], keep, self.batch)
+        if n not in entry.views:
+            entry.views[n] = cache_rows(entry.cache, n)
+        self.batch, self.cache, self._pos, self.buf = n, entry.views[n], static_rows(entry.pos, n), self._full.rows(n)
+        self._layers = [la for la in self.cache.layers if la.is_initialized]
+        if self._next is not None:
+            b = self.buf
+            self._next = (Tree(b.tokens, b.parent, b.depth), b.q_pos, b.q_nodes)
 
     def draft(self):
         """This cycle's tree: the one ``read`` launched ahead, or drafted now. Returns (Tree (B, Q), q_pos (B, Q),
@@ -259,7 +294,16 @@ class FixedStorage:
             raise RuntimeError(f"static cache of {self.length} slots is full ({self.cur} used, a tree needs {Q})")
         write = torch.arange(self.cur, self.cur + Q, device=tree.tokens.device)
         return self._verify(self.model, self.cache, self.kinds, self._cache_kwarg, cap, tree.tokens, q_pos,
-                            tree.parent, self._entry.pos, write, positions, self.tree.depth)
+                            tree.parent, self._pos, write, positions, self.tree.depth)
+
+    def accept(self, tree: Tree, logits, q_nodes, processors, rows: list, depth: int, generator):
+        """``accept.accept``; sampling with input-free warpers only, as ``accept_step`` (its noise drawn first, outside
+        the step, from the call's generator), which the engine captures like its other steps."""
+        if q_nodes is None or reads_input_ids(processors):
+            return accept(tree, logits, q_nodes, processors, rows, depth, generator)
+        b = self.buf
+        walk_noise(b.u, b.e, generator)
+        return self._accept(tree.tokens, tree.parent, tree.depth, logits, q_nodes, b.u, b.e, self.sampler, depth)
 
     def update(self, tokens, q_pos, feats, accept_len, path, bonus) -> torch.Tensor:
         """Keep the accepted paths, extend the head, set the next root (``update_step``); returns the device tensor
@@ -269,7 +313,7 @@ class FixedStorage:
                                f"{path.shape[1]})")
         b, layers = self.buf, self._layers
         return self._update(self.head, [la.keys for la in layers], [la.values for la in layers],
-                            [la.cumulative_length for la in layers], self._entry.pos, b.head_k, b.head_v, b.head_pos,
+                            [la.cumulative_length for la in layers], self._pos, b.head_k, b.head_v, b.head_pos,
                             b.cur, b.root, b.root_pos, b.root_out, b.root_logits, tokens, q_pos, feats, accept_len,
                             path, bonus)
 
@@ -300,83 +344,3 @@ def _step_mode(step: str, mode: str | None) -> str | None:
     if mode in (None, "graphs") or step in compiled:
         return mode
     return "graphs" if mode in CUDA_GRAPH_MODES else None
-
-
-def _forward(model, cache, kinds, kwarg: str, cap, tokens, q_pos, q_allowed, slot_pos, write, position_ids, **kw):
-    masks = tree_masks(kinds, slot_pos, q_pos, q_allowed, model.dtype, write=write)
-    logits = model(input_ids=tokens, attention_mask=masks, position_ids=position_ids, **{kwarg: cache},
-                   use_cache=True, **kw).logits
-    return logits, cap.features()  # a replayed graph runs no hooks: the features are outputs
-
-
-def prefill_step(model, cache, kinds, kwarg: str, cap, tokens, q_pos, slot_pos, write, position_ids):
-    """A text prompt (B, T') into slots ``write``: causal over its non-empty slots (q_pos >= 0). Returns the logits
-    after the last token (B, 1, V) and the features (B, T', F)."""
-    q_allowed = (q_pos[:, None, :] >= 0) & (q_pos[:, None, :] <= q_pos[:, :, None])  # (B, T', T')
-    return _forward(model, cache, kinds, kwarg, cap, tokens, q_pos, q_allowed, slot_pos, write, position_ids,
-                    logits_to_keep=1)
-
-
-def verify_step(model, cache, kinds, kwarg: str, cap, tokens, q_pos, parent, slot_pos, write, position_ids,
-                depth: int):
-    """The tree (B, Q) into slots ``write``, each node seeing its ancestors. Returns logits (B, Q, V), features."""
-    return _forward(model, cache, kinds, kwarg, cap, tokens, q_pos, ancestors(parent, depth), slot_pos, write,
-                    position_ids)
-
-
-def draft_step(head, head_k, head_v, head_pos, root, root_pos, root_out, root_logits, tokens, parent, depth_out,
-               q_pos, q_nodes, noise, sampler, top_k: int, depth: int, total: int) -> None:
-    """Grow the EAGLE-2 tree below the root and rerank it; write tokens, parent, depth, q_pos (B, Q) and, sampling,
-    q_nodes (B, Q, V). Reads the head's committed slots and writes its scratch slots; nothing else changes."""
-    cache = HeadCache(head_k, head_v, head_pos, 0, head_k.shape[2] - head_pos.shape[1])
-    c = draft_candidates(head, cache, root_out, root_logits, root_pos, top_k, depth, sampler, noise)
-    tree = select_tree(root, c.tokens, c.parent, c.depth, c.score, total)
-    tokens.copy_(tree.tokens)
-    parent.copy_(tree.parent)
-    depth_out.copy_(tree.depth)
-    q_pos.copy_(root_pos[:, None] + tree.depth)
-    if sampler is not None:
-        node_q(tree, c.q_rows, c.expanded, c.tokens.shape[1], q_nodes)
-
-
-def keep_slots(keys: list, values: list, lengths: list, src: torch.Tensor, dst: torch.Tensor,
-               new_len: torch.Tensor) -> None:
-    """In place, per layer: slots dst (K,) <- slots src (B, K) of each row; the write pointer <- new_len."""
-    for t in (*keys, *values):
-        B, h, _, d = t.shape
-        idx = src.to(t.device)[:, None, :, None].expand(B, h, -1, d)
-        t.index_copy_(2, dst.to(t.device), t.gather(2, idx))  # gather first: source and target may overlap
-    for n in lengths:
-        n.copy_(new_len)
-
-
-def update_step(head, keys: list, values: list, lengths: list, target_pos, head_k, head_v, head_pos, cur, root,
-                root_pos, root_out, root_logits, tokens, q_pos, feats, accept_len, path, bonus) -> torch.Tensor:
-    """After the acceptance: keep the accepted path, extend the head, set the next root, all in place.
-
-    tokens, q_pos (B, Q) the verified tree; feats (B, Q, F) the target's features at its nodes; accept_len (B,);
-    path (B, K) node indices from the root (K = D+1, padded past accept_len); bonus (B, 1). Every row writes K
-    slots at [cur, cur+K) of both caches and the pointer moves on by the longest path + 1: a row's slots past its
-    own path get position -1, padding the next cycle overwrites. Returns (B, 1+K): the accept length, then the
-    new tokens for the host.
-    """
-    new_tok, new_pos = committed(tokens, q_pos, accept_len, path, bonus)  # (B, K) each
-    j = torch.arange(path.shape[1], device=path.device)  # (K,)
-    advance = accept_len.max() + 1  # () on the device: a host value here would be a sync (and a recompile)
-    dst = cur + j  # (K,) slots [cur, cur+K)
-    keep_slots(keys, values, lengths, path + cur, dst, cur + advance)  # the verify wrote node i at slot cur+i
-    target_pos.index_copy_(1, dst, new_pos)
-    # The head: entries pairing each kept node's true feature with the next committed token.
-    hidden = feats.gather(1, path[:, :, None].expand(-1, -1, feats.shape[-1]))  # (B, K, F)
-    cache = HeadCache(head_k, head_v, head_pos, 0, head_k.shape[2] - head_pos.shape[1])
-    out, logits, (k, v) = head_entries(head, cache, hidden, new_tok, new_pos)  # (B, K, H), (B, K, V_draft)
-    head_k.index_copy_(2, dst, k)
-    head_v.index_copy_(2, dst, v)
-    head_pos.index_copy_(1, dst, new_pos)
-    next_out, next_logits = bonus_entry(out, logits, accept_len)
-    root_out.copy_(next_out)
-    root_logits.copy_(next_logits)
-    root.copy_(bonus.squeeze(1))
-    root_pos.add_(accept_len + 1)
-    cur.add_(advance)
-    return torch.cat((accept_len[:, None], new_tok), 1)

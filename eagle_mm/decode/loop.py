@@ -28,13 +28,13 @@ from ..config import TreeConfig, bound_tree
 from ..target.features import FeatureCapture
 from ..target.multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
     verify_positions
-from .accept import accept
 from .draft import DraftSampler, extend_head
 from .dynamic import DynamicStorage
 from .fixed import FixedStorage
 from .options import check_attention, check_generation_config, choose_storage, default_tree, pad_id, \
     resolve_tree, split_model_inputs
 from .processors import reads_input_ids, reads_tokens
+from .rows import plan
 from .skinny import skinny_linears
 from .state import DecodeState, SpeculativeOutput, SpeculativeStats
 from .stopping import first_stop
@@ -176,6 +176,10 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         stats.time_prefill += time.perf_counter() - t0
         with linears:
             while not all(state.finished):
+                keep = plan(state.slots, state.finished, store.pow2) if store.compacts else None
+                if keep is not None:  # finished rows stop costing: the storage goes on with the others
+                    store.compact(keep)
+                    state.keep(keep)
                 _check_cache_room(parts, store.cur, tree)
                 _cycle(model, head, cap, store, state, tree, gen, logits_processor, stopping_criteria, streamer,
                        sampler, generator, stats)
@@ -280,8 +284,9 @@ def _kept_rows(state: DecodeState, path: torch.Tensor, logits: torch.Tensor, sco
 
 def _commit(state: DecodeState, new_tokens: list[list[int]], criteria, streamer, kept=None) -> None:
     """Append each row's new tokens, up to where generate()'s criteria, asked after every token, stop it.
-    ``kept``: the (B, K, V) logits and scores behind the new tokens (output_logits / output_scores), or None."""
-    for b, toks in enumerate(new_tokens):
+    new_tokens[i]: the tokens of storage row i (``state.slots``); ``kept``: the (B', K, V) logits and scores behind
+    them (output_logits / output_scores), or None."""
+    for i, (b, toks) in enumerate(zip(state.slots, new_tokens)):
         if state.finished[b]:
             continue
         # One host tensor per row and cycle; the criteria see its prefixes, as generate() would.
@@ -292,7 +297,7 @@ def _commit(state: DecodeState, new_tokens: list[list[int]], criteria, streamer,
         state.finished[b] = stop is not None
         for rows, part in zip((state.logits, state.scores), kept or ()):
             if rows is not None:
-                rows[b].extend(part[b, : len(taken)])
+                rows[b].extend(part[i, : len(taken)])
         if streamer is not None and b == 0 and taken:
             streamer.put(torch.tensor(taken))
 
@@ -305,15 +310,15 @@ def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, ge
     t1 = time.perf_counter()
     # Verify: root + N nodes in one target forward with the tree mask, then the acceptance.
     logits, feats = store.verify(cap, tree, q_pos, verify_positions(q_pos, state.rope_offsets))  # (B, N+1, V|F)
-    accept_len, path, bonus, scores = accept(tree, logits, q_nodes, processors, _rows(processors, state), D,
-                                             generator)
+    accept_len, path, bonus, scores = store.accept(tree, logits, q_nodes, processors, _rows(processors, state), D,
+                                                   generator)
     kept = _kept_rows(state, path, logits, scores)  # before the next verify reuses the logits' memory
     # Keep the path, extend the head and set the next root on the device, then the cycle's one host read of the
     # accept lengths and new tokens (the engine queues the next draft behind it on CUDA).
     host = store.read(store.update(tree.tokens, q_pos, feats, accept_len, path, bonus))  # (B, 1 + D+1)
     t2 = time.perf_counter()
-    acc = host[:, 0].tolist()
-    _count(stats, acc, state.finished, tree.size - 1)
+    acc = host[:, 0].tolist()  # per storage row
+    _count(stats, acc, [state.finished[b] for b in state.slots], tree.size - 1)
     _commit(state, [host[b, 1: acc[b] + 2].tolist() for b in range(len(acc))], criteria, streamer, kept)
     store.advance(max(acc) + 1)
     t3 = time.perf_counter()
@@ -323,13 +328,13 @@ def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, ge
 
 
 def _rows(processors, state: DecodeState) -> list:
-    """What the processors read of each row: its sequence (B tensors) if one reads tokens, its length (B ints) if
-    one reads only that (min-length processors: no per-row tensors each cycle), else nothing."""
+    """What the processors read of each storage row: its sequence (B' tensors) if one reads tokens, its length
+    (B' ints) if one reads only that (min-length processors: no per-row tensors each cycle), else nothing."""
     if not reads_input_ids(processors):
         return []
     if reads_tokens(processors):
-        return [state.row(b) for b in range(len(state.prompt))]
-    return [len(p) + len(g) for p, g in zip(state.prompt, state.generated)]
+        return [state.row(b) for b in state.slots]
+    return [len(state.prompt[b]) + len(state.generated[b]) for b in state.slots]
 
 
 def _count(stats: SpeculativeStats, acc: list[int], finished: list[bool], n_draft: int) -> None:

@@ -48,7 +48,7 @@ from ..kernels import verify_sampling
 from ..kernels.reference import rejection_walk
 from .tree import Tree
 
-__all__ = ["sample_children", "draft_noise", "sibling_scores", "tree_rejection_sample", "tree_rejection_sample_scores",
+__all__ = ["sample_children", "draft_noise", "walk_noise", "sibling_scores", "tree_rejection_sample", "tree_rejection_sample_scores",
            "rejection_walk"]
 
 
@@ -104,9 +104,12 @@ def sibling_scores(parent_score: torch.Tensor, parent_logp: torch.Tensor, logq_c
 def _noise(B: int, n: int, V: int, device: torch.device, generator: torch.Generator | None):
     """All the walk's randomness up front, in fixed shapes: u (B, N+1) one uniform per node, e (B, V) the
     bonus's Exp(1) noise. One order of draws for both entry points, so they agree for a given generator."""
-    u = torch.rand(B, n, generator=generator, device=device)
-    e = torch.empty(B, V, device=device).exponential_(generator=generator)
-    return u, e
+    return walk_noise(torch.empty(B, n, device=device), torch.empty(B, V, device=device), generator)
+
+
+def walk_noise(u: torch.Tensor, e: torch.Tensor, generator: torch.Generator | None):
+    """Fill u (B, N+1) with U(0, 1) and e (B, V) with Exp(1) draws, in that order: the walk's noise, in place."""
+    return u.uniform_(generator=generator), e.exponential_(generator=generator)
 
 
 def tree_rejection_sample(tree: Tree, p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None = None):
@@ -127,18 +130,21 @@ def tree_rejection_sample(tree: Tree, p: torch.Tensor, q: torch.Tensor, generato
 
 
 def tree_rejection_sample_scores(tree: Tree, scores: torch.Tensor, q: torch.Tensor,
-                                 generator: torch.Generator | None = None, *, backend: str | None = None):
+                                 generator: torch.Generator | None = None, *, backend: str | None = None,
+                                 noise: tuple[torch.Tensor, torch.Tensor] | None = None):
     """``tree_rejection_sample(tree, softmax(scores, -1), q, generator)`` from the processed logits.
 
     scores (B, N+1, V): the target's processed logits after each node (-inf = masked token). Same noise
     from the same generator, and the same results (bit for bit on the torch backend; up to last-bit
     rounding on Triton, see ``eagle_mm.kernels.triton_sampling``). ``backend`` as in
     ``eagle_mm.kernels.verify_sampling`` (default: EAGLE_MM_VERIFY_BACKEND, then Triton on CUDA).
+    ``noise``: (u (B, N+1), e (B, V)) drawn already, as ``walk_noise`` draws them (the engine draws them outside
+    its captured acceptance), instead of drawing them here.
     """
     tokens, parent = tree.tokens, tree.parent
     B, n = tokens.shape
     if scores.shape[:2] != (B, n) or q.shape != scores.shape:
         raise ValueError(f"scores {tuple(scores.shape)} and q {tuple(q.shape)} must both be (B, N+1, V) = "
                          f"({B}, {n}, V)")
-    u, e = _noise(B, n, scores.shape[-1], scores.device, generator)
+    u, e = noise if noise is not None else _noise(B, n, scores.shape[-1], scores.device, generator)
     return verify_sampling(scores, q, tokens, parent, u, e, backend=backend)

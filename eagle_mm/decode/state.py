@@ -18,13 +18,24 @@ class DecodeState:
     generated: list[list[int]]  # per row, committed new tokens
     finished: list[bool]
     first: torch.Tensor  # (B,) the prefill's token, on the host
-    rope_offsets: torch.Tensor | None  # (3, B) M-RoPE offset of each axis from the text position, else None
+    rope_offsets: torch.Tensor | None  # (3, B') M-RoPE offset of each axis from the text position (storage rows)
     # output_logits / output_scores: per row, the target's raw / processed (V,) rows behind each committed token
     logits: list[list[torch.Tensor]] | None = None
     scores: list[list[torch.Tensor]] | None = None
+    slots: list[int] = field(default_factory=list)  # [i]: the row in the storage's row i (fewer once rows finish)
+
+    def __post_init__(self):
+        if not self.slots:
+            self.slots = list(range(len(self.prompt)))
 
     def row(self, b: int) -> torch.Tensor:
         return torch.tensor(self.prompt[b] + self.generated[b], dtype=torch.long)
+
+    def keep(self, keep: list[int]) -> None:
+        """The storage went on with its rows ``keep`` (``rows.plan``), in that order."""
+        self.slots = [self.slots[i] for i in keep]
+        if self.rope_offsets is not None:
+            self.rope_offsets = self.rope_offsets[:, keep]
 
 
 @dataclass
