@@ -13,7 +13,7 @@ log() { echo "$(date -u +%T) $*" | tee -a "$OUT/steps.log"; }
 for s in $STEPS; do
   log "start $s"
   case $s in
-    cudatests) TRITON_INTERPRET=0 timeout 240 python -m pytest -q -rs tests/test_engine.py::test_graphs_equal_eager_cuda \
+    cudatests) TRITON_INTERPRET=0 timeout 240 python -m pytest -o addopts="" -q -rs tests/test_engine.py::test_graphs_equal_eager_cuda \
                  tests/test_engine.py::test_graphs_sampling_cuda tests/test_engine.py::test_triton_verify_bf16_equals_generate_cuda \
                  tests/test_engine.py::test_graphs_drop_finished_rows_cuda tests/test_engine.py::test_graphs_sampled_batch_cuda \
                  tests/test_graphs.py tests/test_kernels_sampling.py > "$OUT/cudatests.log" 2>&1 ;;
