@@ -31,7 +31,7 @@ from .accept import accept
 from .draft import HeadCache, scratch_slots
 from .graphs import CUDA_GRAPH_MODES, setup_seconds, wrapped
 from .masks import LayerKind
-from .rows import cache_rows, move_rows, static_rows
+from .rows import cache_rows, cache_slots, move_rows, static_rows
 from .processors import reads_input_ids
 from .sampling import draft_noise, walk_noise
 from .steps import accept_step, draft_step, prefill_step, update_step, verify_step
@@ -176,6 +176,10 @@ class FixedStorage:
         self._next = None  # the next cycle's draft, launched ahead of the host read
         self._host = self._read_done = None  # pinned landing buffer and its event, on CUDA
         self._prefill = wrapped(model, "prefill", prefill_step, _step_mode("prefill", mode), unkeyed=(4,))
+        # Bucketing pads a prompt so that nearby lengths replay one captured prefill: eagerly, padding only costs.
+        self._bucketed = _step_mode("prefill", mode) == "graphs"
+        # Eager forwards (no graph, no compile: shapes may change) attend to the slots in use only (``_in_use``).
+        self._eager, self._views = mode is None, {}
         self._verify = wrapped(model, "verify", verify_step, _step_mode("verify", mode), unkeyed=(4,))
         self._draft = wrapped(head, "draft", draft_step, _step_mode("draft", mode))
         self._update = wrapped(head, "update", update_step, _step_mode("update", mode))
@@ -199,8 +203,9 @@ class FixedStorage:
 
     def prefill(self, cap, input_ids, slot_pos, position_ids, extra: dict | None):
         """The prompt's forward into slots [0, T'). Returns (logits (B, V) after the last token, features (B, T', F),
-        input ids (B, T'), slot positions (B, T')); T' = ``prefill_length(T)`` for text prompts (left-padded with
-        empty slots), T for a vision-language prompt (``extra``: its image inputs, run by the model's own forward)."""
+        input ids (B, T'), slot positions (B, T')); T' = ``prefill_length(T)`` for text prompts whose prefill is
+        captured (left-padded with empty slots), else T (eager; a vision-language prompt, ``extra``: its image
+        inputs, run by the model's own forward)."""
         if extra is not None:  # images: the model's own forward (vision tower, merged embeddings, its image masks)
             mask = (slot_pos >= 0).long()
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, **extra,
@@ -209,14 +214,15 @@ class FixedStorage:
             pos[:, : slot_pos.shape[1]] = slot_pos
             return out.logits[:, -1], cap.features(), input_ids, slot_pos
         B, T = input_ids.shape
-        pad = prefill_length(T) - T
+        pad = prefill_length(T) - T if self._bucketed else 0
         if pad:
             input_ids = torch.cat((input_ids.new_zeros(B, pad), input_ids), 1)
             slot_pos = torch.cat((slot_pos.new_full((B, pad), -1), slot_pos), 1)
             position_ids = torch.cat((position_ids.new_zeros(B, pad), position_ids), 1)
         pos = self._slot_positions(slot_pos)
         write = torch.arange(T + pad, device=input_ids.device)
-        args = (self.model, self.cache, self.kinds, self._cache_kwarg, cap, input_ids, slot_pos, pos, write,
+        cache, used = self._in_use(T + pad)
+        args = (self.model, cache, self.kinds, self._cache_kwarg, cap, input_ids, slot_pos, used, write,
                 position_ids)
         logits, feats = self._prefill(*args)  # also initializes a new cache's layers, before any compiled step
         if getattr(self._prefill, "warmed_only", lambda *a: False)(*args):
@@ -227,6 +233,16 @@ class FixedStorage:
             logits, feats = self._prefill(*args)
         pos[:, : T + pad] = slot_pos
         return logits[:, -1], feats, input_ids, slot_pos
+
+    def _in_use(self, n: int):
+        """(cache, slot positions) for a forward whose slots end before n: eagerly, views over the first n slots
+        (rounded up to 32, and kept per length for the call); else the whole cache and positions."""
+        if not self._eager or self.cache.layers[0].is_initialized is False:
+            return self.cache, self._pos
+        n = min(-(-n // 32) * 32, self.length)
+        if self._views.get(n, (None,))[0] is not self.cache:  # a view of this batch's cache (rows change it)
+            self._views[n] = (self.cache, cache_slots(self.cache, n))
+        return self._views[n][1], self._pos[:, :n]
 
     def _layers_initialized(self) -> list:
         return [la for la in self.cache.layers if la.is_initialized]
@@ -293,8 +309,9 @@ class FixedStorage:
         if self.cur + Q > self.length:
             raise RuntimeError(f"static cache of {self.length} slots is full ({self.cur} used, a tree needs {Q})")
         write = torch.arange(self.cur, self.cur + Q, device=tree.tokens.device)
-        return self._verify(self.model, self.cache, self.kinds, self._cache_kwarg, cap, tree.tokens, q_pos,
-                            tree.parent, self._pos, write, positions, self.tree.depth)
+        cache, used = self._in_use(self.cur + Q)
+        return self._verify(self.model, cache, self.kinds, self._cache_kwarg, cap, tree.tokens, q_pos, tree.parent,
+                            used, write, positions, self.tree.depth)
 
     def accept(self, tree: Tree, logits, q_nodes, processors, rows: list, depth: int, generator):
         """``accept.accept``; sampling with input-free warpers only, as ``accept_step`` (its noise drawn first, outside

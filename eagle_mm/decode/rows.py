@@ -17,7 +17,7 @@ import copy
 
 import torch
 
-__all__ = ["plan", "move_rows", "static_rows", "cache_rows"]
+__all__ = ["plan", "move_rows", "static_rows", "cache_rows", "cache_slots"]
 
 
 def plan(slots: list[int], finished: list[bool], powers_of_two: bool) -> list[int] | None:
@@ -66,5 +66,19 @@ def cache_rows(cache, n: int):
             for name in ("batch_size", "max_batch_size"):  # the attribute's name differs between releases
                 if hasattr(view, name):
                     setattr(view, name, n)
+        layers.append(view)
+    return Cache(layers=layers)
+
+
+def cache_slots(cache, n: int):
+    """An HF ``Cache`` over the first n slots of ``cache``'s initialized ``StaticLayer``s (views, sharing their write
+    pointers): an eager forward then attends to the slots in use, not to the whole preallocated length."""
+    from transformers.cache_utils import Cache
+
+    layers = []
+    for layer in cache.layers:
+        view = copy.copy(layer)
+        if layer.is_initialized:
+            view.keys, view.values, view.max_cache_len = layer.keys[:, :, :n], layer.values[:, :, :n], n
         layers.append(view)
     return Cache(layers=layers)
