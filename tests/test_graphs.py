@@ -95,6 +95,34 @@ def test_replay_matches_the_function():
 
 
 @cuda
+def test_undo_captures_a_new_signature_in_its_first_call():
+    """With ``undo`` a new signature is warmed up, restored and captured in one call: its effect happens once, and
+    the next call replays; without it the capture waits for the second call."""
+    from eagle_mm.decode.graphs import nothing_to_undo
+
+    calls = []
+
+    def fn(x, buf):
+        calls.append(1)
+        buf.add_(x)
+        return buf * 2
+
+    def undo(buf):
+        saved = buf.clone()
+        return lambda: buf.copy_(saved)
+
+    g, buf = OwnGraph(fn, "fn"), _static(torch.zeros(4, device="cuda"))
+    out = g(torch.ones(4, device="cuda"), buf, undo=lambda: undo(buf))
+    assert g.captures == 1 and len(calls) == 2 and torch.equal(buf, torch.ones(4, device="cuda"))
+    assert torch.equal(out, torch.full((4,), 2.0, device="cuda"))
+    g(torch.ones(4, device="cuda"), buf, undo=lambda: undo(buf))  # a replay: no snapshot, no run
+    assert g.captures == 1 and len(calls) == 2 and torch.equal(buf, torch.full((4,), 2.0, device="cuda"))
+    pure = OwnGraph(lambda x: x + 1, "pure")
+    assert torch.equal(pure(torch.ones(2, device="cuda"), undo=nothing_to_undo), torch.full((2,), 2.0, device="cuda"))
+    assert pure.captures == 1
+
+
+@cuda
 def test_an_aliased_argument_is_captured_as_one_tensor():
     """The same tensor passed twice is one buffer in the graph, as it was one tensor to the function (dynamo
     guards on aliasing: two clones would make it recompile inside the capture, which fails)."""

@@ -29,7 +29,7 @@ import torch
 from ..target.compat import cache_kwarg
 from .accept import accept
 from .draft import HeadCache, scratch_slots
-from .graphs import CUDA_GRAPH_MODES, setup_seconds, wrapped
+from .graphs import CUDA_GRAPH_MODES, OwnGraph, nothing_to_undo, setup_seconds, wrapped
 from .masks import LayerKind
 from .rows import cache_rows, cache_slots, move_rows, static_rows
 from .processors import reads_input_ids
@@ -299,8 +299,9 @@ class FixedStorage:
         b, t, s = self.buf, self.tree, self.sampler
         if s is not None:
             draft_noise(b.noise, self.generator)  # outside the graph: a user's torch.Generator cannot be captured
-        self._draft(self.head, b.head_k, b.head_v, b.head_pos, b.root, b.root_pos, b.root_out, b.root_logits,
-                    b.tokens, b.parent, b.depth, b.q_pos, b.q_nodes, b.noise, s, t.top_k, t.depth, t.total_tokens)
+        _run(self._draft, nothing_to_undo, self.head, b.head_k, b.head_v, b.head_pos, b.root, b.root_pos, b.root_out,
+             b.root_logits, b.tokens, b.parent, b.depth, b.q_pos, b.q_nodes, b.noise, s, t.top_k, t.depth,
+             t.total_tokens)
         return Tree(b.tokens, b.parent, b.depth), b.q_pos, b.q_nodes
 
     def verify(self, cap, tree: Tree, q_pos: torch.Tensor, positions: torch.Tensor):
@@ -310,8 +311,8 @@ class FixedStorage:
             raise RuntimeError(f"static cache of {self.length} slots is full ({self.cur} used, a tree needs {Q})")
         write = torch.arange(self.cur, self.cur + Q, device=tree.tokens.device)
         cache, used = self._in_use(self.cur + Q)
-        return self._verify(self.model, cache, self.kinds, self._cache_kwarg, cap, tree.tokens, q_pos, tree.parent,
-                            used, write, positions, self.tree.depth)
+        return _run(self._verify, self._undo_verify, self.model, cache, self.kinds, self._cache_kwarg, cap,
+                    tree.tokens, q_pos, tree.parent, used, write, positions, self.tree.depth)
 
     def accept(self, tree: Tree, logits, q_nodes, processors, rows: list, depth: int, generator):
         """``accept.accept``; sampling with input-free warpers only, as ``accept_step`` (its noise drawn first, outside
@@ -320,7 +321,8 @@ class FixedStorage:
             return accept(tree, logits, q_nodes, processors, rows, depth, generator)
         b = self.buf
         walk_noise(b.u, b.e, generator)
-        return self._accept(tree.tokens, tree.parent, tree.depth, logits, q_nodes, b.u, b.e, self.sampler, depth)
+        return _run(self._accept, nothing_to_undo, tree.tokens, tree.parent, tree.depth, logits, q_nodes, b.u, b.e,
+                    self.sampler, depth)
 
     def update(self, tokens, q_pos, feats, accept_len, path, bonus) -> torch.Tensor:
         """Keep the accepted paths, extend the head, set the next root (``update_step``); returns the device tensor
@@ -329,10 +331,31 @@ class FixedStorage:
             raise RuntimeError(f"static cache of {self.length} slots is full ({self.cur} used, a path needs "
                                f"{path.shape[1]})")
         b, layers = self.buf, self._layers
-        return self._update(self.head, [la.keys for la in layers], [la.values for la in layers],
+        return _run(self._update, self._undo_update, self.head, [la.keys for la in layers], [la.values for la in layers],
                             [la.cumulative_length for la in layers], self._pos, b.head_k, b.head_v, b.head_pos,
                             b.cur, b.root, b.root_pos, b.root_out, b.root_logits, tokens, q_pos, feats, accept_len,
                             path, bonus)
+
+    def _undo_verify(self):
+        """``OwnGraph``'s undo for ``verify_step``: it writes slots [cur, cur+Q), which a second run writes again,
+        and moves the write pointers on, which the restore puts back."""
+        return lambda: [la.cumulative_length.fill_(self.cur) for la in self._layers]
+
+    def _undo_update(self):
+        """``OwnGraph``'s undo for ``update_step``: a snapshot of what it reads and writes in place (the verified
+        slots, the K kept ones of the positions and the head's cache, the root, the pointers)."""
+        b, c, q, k = self.buf, self.cur, self.tree.total_tokens + 1, self.tree.depth + 1
+        slices = [(t, (slice(None), slice(None), slice(c, c + q))) for la in self._layers for t in (la.keys, la.values)]
+        slices += [(t, (slice(None), slice(c, c + k))) for t in (self._pos, b.head_pos)]
+        slices += [(t, (slice(None), slice(None), slice(c, c + k))) for t in (b.head_k, b.head_v)]
+        slices += [(t, ...) for t in (b.cur, b.root, b.root_pos, b.root_out, b.root_logits,
+                                      *(la.cumulative_length for la in self._layers))]
+        saved = [(t, i, t[i].clone()) for t, i in slices]
+
+        def restore():
+            for t, i, v in saved:
+                t[i] = v
+        return restore
 
     def read(self, packed: torch.Tensor) -> torch.Tensor:
         """The cycle's one host read of ``update``'s output. On CUDA the next cycle's draft is queued behind the
@@ -351,6 +374,12 @@ class FixedStorage:
 
     def advance(self, n: int) -> None:
         self.cur += n
+
+
+def _run(fn, undo, *args):
+    """A step as ``wrapped`` built it; a CUDA-graph step captures a new signature in this call (``OwnGraph``'s undo),
+    so that every shape a call runs (a batch that shrinks mid-call too) is replayed by the next call."""
+    return fn(*args, undo=undo) if isinstance(fn, OwnGraph) else fn(*args)
 
 
 def _step_mode(step: str, mode: str | None) -> str | None:

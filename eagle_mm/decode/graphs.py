@@ -36,7 +36,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OwnGraph", "wrapped", "setup_seconds", "COMPILE_MODES", "CUDA_GRAPH_MODES"]
+__all__ = ["OwnGraph", "wrapped", "setup_seconds", "nothing_to_undo", "COMPILE_MODES", "CUDA_GRAPH_MODES"]
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
@@ -108,12 +108,23 @@ class OwnGraph:
         self.setup = 0.0  # seconds spent in warm-up calls and captures (``setup_seconds`` sums them)
         self.failed: str | None = None  # why a capture failed: then every call just runs ``inner``
 
-    def __call__(self, *args):
+    def __call__(self, *args, undo=None):
+        """``undo``: for a signature not seen yet, capture it in this call: ``undo()`` snapshots what the function
+        writes and returns a callable that restores it; the warm-up runs, the snapshot is restored, and the capture
+        runs and replays (the function's effect happens once). Without it, the capture waits for the second call of
+        the signature (a step that runs once per call, or last in a call, would then be captured by the next call)."""
         sig = _Signature(args, self.unkeyed)  # unkeyed arguments hold no tensors (the contract)
         if sig.device is None:
             return self.inner(*args)
         with torch.cuda.device(sig.device):  # capture and replay on the arguments' GPU, whichever is current
-            return self._call(args, sig)
+            entry = self._graphs.get(sig.key)
+            fresh = entry is None or not _alive(entry.refs if isinstance(entry, _Captured) else entry, sig.refs)
+            if undo is None or not fresh or self.failed:
+                return self._call(args, sig)
+            restore = undo()
+            self._call(args, sig)  # the warm-up
+            restore()
+            return self._call(args, sig)  # the capture, then its replay
 
     def warmed_only(self, *args) -> bool:
         """Whether the last call with these arguments' signature was its warm-up (the next one captures)."""
@@ -179,6 +190,12 @@ class OwnGraph:
         self.captures += 1
         logger.debug("captured a CUDA graph of the %s (%d so far)", self.what, self.captures)
         return _Captured(graph, out, buffers, sig.refs)
+
+
+def nothing_to_undo():
+    """``OwnGraph``'s ``undo`` for a function whose second run repeats its first exactly (it writes only what it
+    computes from inputs it does not write)."""
+    return lambda: None
 
 
 def _alive(kept: list, now: list) -> bool:
