@@ -148,7 +148,7 @@ class Buffers:
 
 
 class FixedStorage:
-    """One call's engine: the target's static cache, the head's buffers, and the cycle's four step functions
+    """One call's engine: the target's static cache, the head's buffers, and the cycle's step functions
     (run as ``mode`` says: None eager, "graphs", or a ``torch.compile`` mode; see ``graphs.wrapped``).
 
     The host keeps its own copy of the write pointer (``cur``) for the room checks; ``advance`` moves it on after
@@ -331,10 +331,10 @@ class FixedStorage:
             raise RuntimeError(f"static cache of {self.length} slots is full ({self.cur} used, a path needs "
                                f"{path.shape[1]})")
         b, layers = self.buf, self._layers
-        return _run(self._update, self._undo_update, self.head, [la.keys for la in layers], [la.values for la in layers],
-                            [la.cumulative_length for la in layers], self._pos, b.head_k, b.head_v, b.head_pos,
-                            b.cur, b.root, b.root_pos, b.root_out, b.root_logits, tokens, q_pos, feats, accept_len,
-                            path, bonus)
+        return _run(self._update, self._undo_update, self.head, [la.keys for la in layers],
+                    [la.values for la in layers], [la.cumulative_length for la in layers], self._pos, b.head_k,
+                    b.head_v, b.head_pos, b.cur, b.root, b.root_pos, b.root_out, b.root_logits, tokens, q_pos, feats,
+                    accept_len, path, bonus)
 
     def _undo_verify(self):
         """``OwnGraph``'s undo for ``verify_step``: it writes slots [cur, cur+Q), which a second run writes again,
