@@ -96,6 +96,9 @@ def test_default_call_takes_the_engine_on_cpu():
     assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]])
     fallback = _run(model, head, ids, None, 12, TREE, cache_implementation="dynamic")
     assert fallback.stats.engine == "dynamic"
+    sampled = em.speculative_generate(model, head, ids, max_new_tokens=12, do_sample=True, return_dict_in_generate=True)
+    assert sampled.stats.tree == em.TreeConfig(depth=2, top_k=2, total_tokens=3)  # sampling on a CPU: shallower
+    assert (sampled.stats.engine, sampled.stats.mode) == ("fixed", None)
 
 
 @pytest.mark.parametrize("tree", [CHAIN, TREE], ids=["chain", "tree"])

@@ -145,7 +145,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     if tree == "auto":
         tree, autotree = _auto_tree(model, head, input_ids, mask, images, autotree_inputs)
     elif tree is None:
-        tree = default_tree(input_ids.device, input_ids.shape[0])
+        tree = default_tree(input_ids.device, input_ids.shape[0], sampled=gen.do_sample)
     tree = bound_tree(tree, gen.max_length - input_ids.shape[1])  # no deeper than what can be committed
     _check_cache_room(parts, gen.max_length - 1, tree)  # the last verify is over at most max_length - 2 slots
     head.attach(model)
