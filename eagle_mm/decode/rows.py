@@ -10,6 +10,9 @@ their first rows (same addresses, so no new memory), and CUDA graphs are capture
 replayed by later calls. To bound those captures, CUDA-graph runs shrink to powers of two (a batch of 16 runs at
 8, 4, 2, 1 rows as rows finish); eager runs shrink to the live rows exactly. Compiled runs keep their batch: each
 new size would be a new inductor compile.
+
+``cache_slots`` is the same kind of view along the slots: the eager engine (the CPU) runs each forward over the
+cache slots in use, where a captured graph needs the whole preallocated length.
 """
 from __future__ import annotations
 
