@@ -7,7 +7,6 @@ Timed jobs take turns round by round (a slow spell of a shared machine hits all 
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import statistics
@@ -211,8 +210,7 @@ def measure_costs(model, head, decode, *, sizes=SIZES, top_ks=TOP_KS, depth: int
     1 and top_k 1 are always measured: the loop overhead is the residual of a chain of one."""
     head.attach(model)
     timing = dict(prefix_len=prefix_len, batch_size=batch_size, repeats=repeats, warmup=warmup)
-    on_cpu = next(model.parameters()).device.type == "cpu"
-    with skinny_linears(model, head) if on_cpu else contextlib.nullcontext():  # the linears an eager decode runs
+    with skinny_linears(model, head):  # the linears an eager CPU decode runs (it touches CPU fp32 linears only)
         partial = DeviceCosts(verify=measure_verify_cost(model, sorted(set(sizes) | {1}), **timing),
                               draft=measure_draft_cost(head, sorted(set(top_ks) | {1}), depth=depth, **timing))
     fixed = measure_loop_overhead(model, head, partial, decode, prefix_len=prefix_len, batch_size=batch_size,

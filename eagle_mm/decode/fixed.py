@@ -31,7 +31,7 @@ from .accept import accept
 from .draft import HeadCache, scratch_slots
 from .graphs import CUDA_GRAPH_MODES, OwnGraph, nothing_to_undo, setup_seconds, wrapped
 from .masks import LayerKind
-from .rows import cache_rows, cache_slots, move_rows, static_rows
+from .rows import cache_view, move_rows, static_rows
 from .processors import reads_input_ids
 from .sampling import draft_noise, walk_noise
 from .steps import accept_step, draft_step, prefill_step, update_step, verify_step
@@ -76,7 +76,7 @@ class _TargetCache:
     batch: int
     cache: object  # the HF Cache of StaticLayers
     pos: torch.Tensor | None = None  # (B, L) slot positions, allocated at the first prefill
-    views: dict = field(default_factory=dict)  # n -> the cache over its first n rows (rows.cache_rows), kept: graphs
+    views: dict = field(default_factory=dict)  # n -> the cache over its first n rows (rows.cache_view), kept: graphs
 
 
 # One target cache per model and one set of buffers per head, kept between calls: graphs are bound to them.
@@ -224,13 +224,9 @@ class FixedStorage:
         cache, used = self._in_use(T + pad)
         args = (self.model, cache, self.kinds, self._cache_kwarg, cap, input_ids, slot_pos, used, write,
                 position_ids)
-        logits, feats = self._prefill(*args)  # also initializes a new cache's layers, before any compiled step
-        if getattr(self._prefill, "warmed_only", lambda *a: False)(*args):
-            # A prefill runs once per call: capture it in this call, so that the next call of this bucket replays
-            # it. The warm-up advanced the write pointers; the capture's replay writes the same slots again.
-            for layer in self._layers_initialized():
-                layer.cumulative_length.zero_()
-            logits, feats = self._prefill(*args)
+        # Also initializes a new cache's layers, before any compiled step. It writes slots [0, T') and moves the
+        # write pointers from 0, which a second run (the capture's) repeats once they are put back.
+        logits, feats = _run(self._prefill, self._undo_pointers(0), *args)
         pos[:, : T + pad] = slot_pos
         return logits[:, -1], feats, input_ids, slot_pos
 
@@ -241,7 +237,7 @@ class FixedStorage:
             return self.cache, self._pos
         n = min(-(-n // 32) * 32, self.length)
         if self._views.get(n, (None,))[0] is not self.cache:  # a view of this batch's cache (rows change it)
-            self._views[n] = (self.cache, cache_slots(self.cache, n))
+            self._views[n] = (self.cache, cache_view(self.cache, slots=n))
         return self._views[n][1], self._pos[:, :n]
 
     def _layers_initialized(self) -> list:
@@ -282,7 +278,7 @@ class FixedStorage:
         full = [la.keys for la in layers] + [la.values for la in layers] + [entry.pos] + self._full.batched()
         move_rows([t[: self.batch] for t in full], keep, self.batch)
         if n not in entry.views:
-            entry.views[n] = cache_rows(entry.cache, n)
+            entry.views[n] = cache_view(entry.cache, rows=n)
         self.batch, self.cache, self._pos, self.buf = n, entry.views[n], static_rows(entry.pos, n), self._full.rows(n)
         self._layers = [la for la in self.cache.layers if la.is_initialized]
         if self._next is not None:
@@ -311,8 +307,8 @@ class FixedStorage:
             raise RuntimeError(f"static cache of {self.length} slots is full ({self.cur} used, a tree needs {Q})")
         write = torch.arange(self.cur, self.cur + Q, device=tree.tokens.device)
         cache, used = self._in_use(self.cur + Q)
-        return _run(self._verify, self._undo_verify, self.model, cache, self.kinds, self._cache_kwarg, cap,
-                    tree.tokens, q_pos, tree.parent, used, write, positions, self.tree.depth)
+        return _run(self._verify, self._undo_pointers(self.cur), self.model, cache, self.kinds, self._cache_kwarg,
+                    cap, tree.tokens, q_pos, tree.parent, used, write, positions, self.tree.depth)
 
     def accept(self, tree: Tree, logits, q_nodes, processors, rows: list, depth: int, generator):
         """``accept.accept``; sampling with input-free warpers only, as ``accept_step`` (its noise drawn first, outside
@@ -336,10 +332,10 @@ class FixedStorage:
                     b.head_v, b.head_pos, b.cur, b.root, b.root_pos, b.root_out, b.root_logits, tokens, q_pos, feats,
                     accept_len, path, bonus)
 
-    def _undo_verify(self):
-        """``OwnGraph``'s undo for ``verify_step``: it writes slots [cur, cur+Q), which a second run writes again,
-        and moves the write pointers on, which the restore puts back."""
-        return lambda: [la.cumulative_length.fill_(self.cur) for la in self._layers]
+    def _undo_pointers(self, at: int):
+        """``OwnGraph``'s undo for a forward (the prefill, the verify): it writes the slots at the write pointers,
+        which a second run writes again, and moves the pointers on from ``at``, where the restore puts them back."""
+        return lambda: lambda: [la.cumulative_length.fill_(at) for la in self._layers_initialized()]
 
     def _undo_update(self):
         """``OwnGraph``'s undo for ``update_step``: a snapshot of what it reads and writes in place (the verified

@@ -117,34 +117,25 @@ class OwnGraph:
         if sig.device is None:
             return self.inner(*args)
         with torch.cuda.device(sig.device):  # capture and replay on the arguments' GPU, whichever is current
-            entry = self._graphs.get(sig.key)
-            fresh = entry is None or not _alive(entry.refs if isinstance(entry, _Captured) else entry, sig.refs)
-            if undo is None or not fresh or self.failed:
-                return self._call(args, sig)
-            restore = undo()
-            self._call(args, sig)  # the warm-up
-            restore()
-            return self._call(args, sig)  # the capture, then its replay
+            return self._call(args, sig, undo)
 
-    def warmed_only(self, *args) -> bool:
-        """Whether the last call with these arguments' signature was its warm-up (the next one captures)."""
-        entry = self._graphs.get(_Signature(args, self.unkeyed).key)
-        return entry is not None and not isinstance(entry, _Captured)
-
-    def _call(self, args: tuple, sig: _Signature):
+    def _call(self, args: tuple, sig: _Signature, undo=None):
         entry = self._graphs.get(sig.key)
         if entry is not None and not _alive(entry.refs if isinstance(entry, _Captured) else entry, sig.refs):
             del self._graphs[sig.key]  # an object it was keyed on died; this one merely reuses its id
             entry = None
-        if entry is None:  # first call: compile and run (the warm-up); capture at the next call
-            self._graphs[sig.key] = sig.refs
+        if entry is None:  # first call: compile and run (the warm-up); capture now (undo) or at the next call
+            entry = self._graphs[sig.key] = sig.refs
             self._graphs.move_to_end(sig.key)
             while len(self._graphs) > _MAX_GRAPHS:
                 self._graphs.popitem(last=False)
             t0 = time.perf_counter()
+            restore = undo() if undo is not None and not self.failed else None
             out = self.inner(*args)
             self.setup += time.perf_counter() - t0
-            return out
+            if restore is None or sig.key not in self._graphs:
+                return out
+            restore()  # the warm-up's writes undone: the capture's replay makes them once
         self._graphs.move_to_end(sig.key)
         if self.failed:
             return self.inner(*args)

@@ -11,7 +11,7 @@ replayed by later calls. To bound those captures, CUDA-graph runs shrink to powe
 8, 4, 2, 1 rows as rows finish); eager runs shrink to the live rows exactly. Compiled runs keep their batch: each
 new size would be a new inductor compile.
 
-``cache_slots`` is the same kind of view along the slots: the eager engine (the CPU) runs each forward over the
+``cache_view(slots=n)`` is the same kind of view along the slots: the eager engine (the CPU) runs each forward over the
 cache slots in use, where a captured graph needs the whole preallocated length.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import copy
 
 import torch
 
-__all__ = ["plan", "move_rows", "static_rows", "cache_rows", "cache_slots"]
+__all__ = ["plan", "move_rows", "static_rows", "cache_view"]
 
 
 def plan(slots: list[int], finished: list[bool], powers_of_two: bool) -> list[int] | None:
@@ -54,34 +54,22 @@ def static_rows(t: torch.Tensor, n: int) -> torch.Tensor:
     return view
 
 
-def cache_rows(cache, n: int):
-    """An HF ``Cache`` whose ``StaticLayer``s are views of the first n rows of ``cache``'s initialized layers.
-
-    The views share each layer's write pointer (``cumulative_length``, the same tensor), so either cache moves
-    both; the layers are shallow copies with their key/value tensors and batch size replaced."""
+def cache_view(cache, rows: int | None = None, slots: int | None = None):
+    """An HF ``Cache`` whose ``StaticLayer``s are views of ``cache``'s initialized layers: their first ``rows`` rows
+    (marked static, for the captured steps) or their first ``slots`` slots. The views share each layer's write
+    pointer (``cumulative_length``, the same tensor), so either cache moves both; the layers are shallow copies with
+    their key/value tensors and sizes replaced."""
     from transformers.cache_utils import Cache
 
     layers = []
     for layer in cache.layers:
         view = copy.copy(layer)
-        if layer.is_initialized:
-            view.keys, view.values = static_rows(layer.keys, n), static_rows(layer.values, n)
+        if layer.is_initialized and rows is not None:
+            view.keys, view.values = static_rows(layer.keys, rows), static_rows(layer.values, rows)
             for name in ("batch_size", "max_batch_size"):  # the attribute's name differs between releases
                 if hasattr(view, name):
-                    setattr(view, name, n)
-        layers.append(view)
-    return Cache(layers=layers)
-
-
-def cache_slots(cache, n: int):
-    """An HF ``Cache`` over the first n slots of ``cache``'s initialized ``StaticLayer``s (views, sharing their write
-    pointers): an eager forward then attends to the slots in use, not to the whole preallocated length."""
-    from transformers.cache_utils import Cache
-
-    layers = []
-    for layer in cache.layers:
-        view = copy.copy(layer)
-        if layer.is_initialized:
-            view.keys, view.values, view.max_cache_len = layer.keys[:, :, :n], layer.values[:, :, :n], n
+                    setattr(view, name, rows)
+        if layer.is_initialized and slots is not None:
+            view.keys, view.values, view.max_cache_len = view.keys[:, :, :slots], view.values[:, :, :slots], slots
         layers.append(view)
     return Cache(layers=layers)
