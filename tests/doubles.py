@@ -8,7 +8,7 @@ import torch
 
 from eagle_mm.decode.state import DecodeState
 
-_LIVE: "weakref.WeakSet" = weakref.WeakSet()
+_ACTIVE = [lambda: None]  # a weak reference to the double that ran last: the one decoding now (tests decode in turn)
 
 
 class ForcedHead:
@@ -24,7 +24,6 @@ class ForcedHead:
         self.reference = reference if reference.dim() == 2 else reference[None]
         self.wrong = wrong if wrong.dim() == 2 else wrong[None]
         self.rows = None  # storage row i holds the call's row rows[i]; None: all rows, in order
-        _LIVE.add(self)
 
     def __getattr__(self, name):
         return getattr(self._head, name)
@@ -32,7 +31,13 @@ class ForcedHead:
     def parameters(self):
         return self._head.parameters()
 
+    def attach(self, *args, **kwargs):  # every decode call starts here: all rows, in order
+        self.rows = None
+        self._head.attach(*args, **kwargs)
+        return self
+
     def step(self, embeds, hidden, position_ids, mask, past):
+        _ACTIVE[0] = weakref.ref(self)
         out, logits, kv = self._head.step(embeds, hidden, position_ids, mask, past)
         B, Q = position_ids.shape
         nxt = (position_ids + 2).clamp(max=self.reference.shape[1] - 1)
@@ -48,21 +53,17 @@ class ForcedHead:
 
 
 def _follow_rows():
-    """Tests call one head at a time: a new decode state resets every live double's rows, a kept subset moves them."""
-    init, keep = DecodeState.__post_init__, DecodeState.keep
-
-    def post_init(self):
-        init(self)
-        for head in list(_LIVE):
-            head.rows = None
+    """The double decoding now (the last to run a head step) follows the decode state's ``slots`` when the loop
+    keeps a subset of its rows."""
+    keep = DecodeState.keep
 
     def kept(self, rows):
         keep(self, rows)
-        for head in list(_LIVE):
-            now = head.rows if head.rows is not None else torch.arange(head.reference.shape[0])
-            head.rows = now[torch.tensor(rows)]
+        head = _ACTIVE[0]()
+        if head is not None:
+            head.rows = torch.tensor(self.slots)
 
-    DecodeState.__post_init__, DecodeState.keep = post_init, kept
+    DecodeState.keep = kept
 
 
 _follow_rows()
