@@ -101,6 +101,19 @@ def test_default_call_takes_the_engine_on_cpu():
     assert (sampled.stats.engine, sampled.stats.mode) == ("fixed", None)
 
 
+def test_gpu_default_trees_draft_shallower_when_sampling():
+    """On a GPU the sampled default trees are shallower (and no larger) than the greedy ones up to batch 8 (later
+    levels are rarely accepted when sampling, and each costs a head forward); beyond, both take the narrow tree."""
+    from eagle_mm.decode.options import default_tree
+
+    cuda = torch.device("cuda")  # a device type only: nothing runs on it
+    for batch in (1, 2, 4, 8):
+        greedy, sampled = default_tree(cuda, batch), default_tree(cuda, batch, sampled=True)
+        assert sampled.depth < greedy.depth and sampled.total_tokens <= greedy.total_tokens, batch
+    assert default_tree(cuda, 1, sampled=True) == em.TreeConfig(depth=4, top_k=6, total_tokens=24)
+    assert default_tree(cuda, 16, sampled=True) == default_tree(cuda, 16)
+
+
 @pytest.mark.parametrize("tree", [CHAIN, TREE], ids=["chain", "tree"])
 def test_sampling_engine_equals_fallback(tree):
     """Both storages draw the draft's and the verify's noise in the same order from the generator: one seed, the
