@@ -468,6 +468,19 @@ def test_warmup_runs_the_shapes_ahead():
     assert out.stats.time_compile == 0 and _CACHES[model].batch == 2
 
 
+def test_warmup_shrinks_a_batch_to_one_row(monkeypatch):
+    """warmup's batches also run with rows stopping one after another, so that every smaller batch the engine moves
+    to when rows finish (its own graphs on CUDA) is run ahead too, down to one row."""
+    from eagle_mm.decode.fixed import FixedStorage
+
+    sizes, compact = [], FixedStorage.compact
+    monkeypatch.setattr(FixedStorage, "compact", lambda self, keep: (sizes.append(len(keep)), compact(self, keep))[1])
+    model = tiny_model("llama")
+    head = em.Eagle3Head.from_target(model)
+    em.warmup(model, head, batch_sizes=(4,), prompt_lengths=(9,), max_new_tokens=16, do_sample=False, tree=CHAIN)
+    assert sizes == [3, 2, 1]  # eager (a CPU): exactly the live rows; CUDA graphs round up to 4, 2, 1
+
+
 def test_a_compile_failure_falls_back_with_a_warning(monkeypatch, caplog):
     """compile=...: a step whose compilation fails runs uncompiled, with one warning per step, same tokens."""
     import eagle_mm.decode.graphs as graphs
