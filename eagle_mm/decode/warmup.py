@@ -16,11 +16,11 @@ def warmup(model, head, *, batch_sizes=(1,), prompt_lengths=(64,), max_new_token
            do_sample: bool | tuple = (False, True), compile=None, tree=None, **generate_kwargs) -> float:
     """Run one short speculative_generate per (batch size, prompt length bucket, greedy/sampled) so that the
     engine's graphs for those shapes exist (CUDA graphs; with ``compile=True`` also inductor's kernels, which
-    inductor caches on disk for later processes). A batch of several rows runs a second call whose rows stop one
-    after another: rows that finish leave the engine's batch (in powers of two with CUDA graphs), and each smaller
-    batch has graphs of its own, which a later call would otherwise capture when its rows first shrink to it.
-    Later calls with these shapes and the same ``max_new_tokens`` or less start at once. Returns the seconds it
-    took. Prompts are random token ids; the outputs are dropped.
+    inductor caches on disk for later processes). Without ``compile``, a batch of several rows runs a second call
+    whose rows stop one after another: rows that finish leave the engine's batch (in powers of two with CUDA
+    graphs), and each smaller batch has graphs of its own, which a later call would otherwise capture when its
+    rows first shrink to it. Later calls with these shapes and the same ``max_new_tokens`` or less start at once.
+    Returns the seconds it took. Prompts are random token ids; the outputs are dropped.
     """
     from .loop import speculative_generate
 
@@ -34,7 +34,8 @@ def warmup(model, head, *, batch_sizes=(1,), prompt_lengths=(64,), max_new_token
         for n in prompt_lengths:
             ids = torch.randint(3, vocab, (b, n), generator=g).to(device)
             for sample in samples:
-                for staggered in (False, True) if b > 1 else (False,):
+                # Compiled steps keep their batch (a new size would be a new compile): nothing smaller to warm.
+                for staggered in (False, True) if b > 1 and compile in (None, False) else (False,):
                     kw = dict(generate_kwargs)
                     if staggered:
                         kw["stopping_criteria"] = StoppingCriteriaList([*kw.get("stopping_criteria", ()),
