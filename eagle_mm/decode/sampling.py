@@ -48,8 +48,8 @@ from ..kernels import verify_sampling
 from ..kernels.reference import rejection_walk
 from .tree import Tree
 
-__all__ = ["sample_children", "draft_noise", "walk_noise", "sibling_scores", "tree_rejection_sample", "tree_rejection_sample_scores",
-           "rejection_walk"]
+__all__ = ["sample_children", "draft_noise", "walk_noise", "sibling_scores", "tree_rejection_sample",
+           "tree_rejection_sample_scores", "rejection_walk"]
 
 
 def sample_children(logq: torch.Tensor, k: int, generator: torch.Generator | None = None,
