@@ -5,7 +5,8 @@ times, after loading, two calls of one method on "def fibonacci(n):" with exactl
 off: greedy would stop after 14, so that "sampled within 2x of greedy" compares equal work): ``generate`` eager, the
 default ``speculative_generate`` greedy and sampled, and ``compile=True`` (inductor, maximum speed) greedy. Each
 speculative method runs in two processes: the first compiles into empty caches (a first use on a machine), the
-second finds inductor's and Triton's disk caches warm (a fresh process on a machine that has run it before).
+second finds inductor's and Triton's disk caches warm, with the compiled steps eagle_mm saves in inductor's (a fresh
+process on a machine that has run it before).
 
 Every process gets the same cache folders, empty at the start (``--cache-dir``, default a new temporary folder):
 inductor's (``TORCHINDUCTOR_CACHE_DIR``) and Triton's (``TRITON_CACHE_DIR``), so "cold" is cold and a second
@@ -90,6 +91,9 @@ def run(method: str, env: dict) -> dict:
     dynamo = [ln for ln in proc.stdout.splitlines() if ln.startswith("DYNAMO ")]
     if dynamo and len(json.loads(dynamo[0][7:]).strip().splitlines()) > 2:  # more than the table's header
         row["dynamo_times"] = json.loads(dynamo[0][7:])[:3000]
+    logged = [ln for ln in proc.stderr.splitlines() if "compil" in ln.lower()]  # e.g. a step compiled in-process only
+    if logged:
+        row["log"] = logged[:20]
     if proc.returncode:  # the calls finished; the process failed on its way out
         row["exit_error"] = proc.stderr[:1500]
     return row

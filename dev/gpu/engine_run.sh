@@ -21,7 +21,7 @@ for s in $STEPS; do
               > "$OUT/scenes.log" 2>&1 ;;
     probe) timeout 90 python dev/gpu/topk_probe.py > "$OUT/topk_probe.txt" 2>&1 ;;
     matrix) timeout 300 python bench/bench_matrix.py --repeats 2 --out "$OUT/matrix.json" > "$OUT/matrix.log" 2>&1 ;;
-    cold) timeout 160 python bench/bench_cold.py --out "$OUT/cold.json" > "$OUT/cold.log" 2>&1 ;;
+    cold) timeout 240 python bench/bench_cold.py --out "$OUT/cold.json" > "$OUT/cold.log" 2>&1 ;;
     auto) timeout 150 python bench/bench_code_tiny.py --device cuda --dtype float32 --prompts 8 --max-new-tokens 128 --modes greedy \
             --methods eagle3_tree eagle3_auto --out "$OUT/auto.json" > "$OUT/auto.log" 2>&1 ;;
     profile) timeout 60 python dev/gpu/profile_engine.py --out "$OUT/profile" --parts code_tiny > "$OUT/profile.log" 2>&1 ;;

@@ -34,6 +34,8 @@ from collections import OrderedDict
 
 import torch
 
+from .compiled import DiskCompiled
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["OwnGraph", "wrapped", "setup_seconds", "nothing_to_undo", "COMPILE_MODES", "CUDA_GRAPH_MODES"]
@@ -197,37 +199,13 @@ def _alive(kept: list, now: list) -> bool:
 _WRAPPED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-class _Compiled:
-    """``torch.compile(fn)`` that counts the seconds of its first call (the compile) as setup, and runs ``fn``
-    itself, with a warning, from the first call whose compilation fails."""
-
-    def __init__(self, fn, what: str, **options):
-        self.fn, self.what, self.setup, self._first = fn, what, 0.0, True
-        self.inner = torch.compile(fn, dynamic=False, **options)
-
-    def __call__(self, *args):
-        if not self._first and self.inner is self.fn:
-            return self.fn(*args)
-        t0 = time.perf_counter()
-        try:
-            return self.inner(*args)
-        except torch._dynamo.exc.BackendCompilerFailed as e:
-            logger.warning("compiling the %s failed (%s); it runs uncompiled", self.what,
-                           str(e).splitlines()[0] if str(e) else type(e).__name__)
-            self.inner = self.fn
-            return self.fn(*args)
-        finally:
-            if self._first:
-                self.setup += time.perf_counter() - t0
-                self._first = False
-
-
 def wrapped(owner, name: str, fn, mode: str | None, *, unkeyed: tuple[int, ...] = ()):
     """``fn`` as the engine runs it, built once per (owner, name, mode).
 
     mode None: ``fn`` itself. "graphs": ``OwnGraph(fn)``, eager kernels captured in a CUDA graph (no compiler; on a
     CPU it just runs ``fn``). A ``torch.compile`` mode: ``torch.compile(fn, dynamic=False)`` without inductor's
-    own CUDA graphs, captured by ``OwnGraph`` when the mode asks for graphs ("reduce-overhead", "max-autotune").
+    own CUDA graphs, kept on disk whole (``compiled.DiskCompiled``), captured by ``OwnGraph`` when the mode asks for
+    graphs ("reduce-overhead", "max-autotune").
     ``unkeyed``: positional arguments the graph does not depend on (see ``OwnGraph``).
     """
     if mode is None:
@@ -239,9 +217,9 @@ def wrapped(owner, name: str, fn, mode: str | None, *, unkeyed: tuple[int, ...] 
         if mode == "graphs":
             table[key] = OwnGraph(fn, what, unkeyed)
         elif mode in CUDA_GRAPH_MODES:
-            table[key] = OwnGraph(_Compiled(fn, what, mode=_NO_GRAPHS[mode]), what, unkeyed)
+            table[key] = OwnGraph(DiskCompiled(fn, what, _NO_GRAPHS[mode]), what, unkeyed)
         else:
-            table[key] = _Compiled(fn, what, mode=mode)
+            table[key] = DiskCompiled(fn, what, mode)
         logger.debug("%s runs with mode=%s", what, mode)
     return table[key]
 

@@ -1,0 +1,295 @@
+"""The engine's compiled steps, kept on disk whole so that a second process traces nothing (``compile=``).
+
+Inductor caches the code it generates, but a fresh process still runs dynamo over the step's Python (the HF forward,
+layer by layer) to find the graph it then looks up: 4.7 s of the 8 s that a second process spent in code-tiny's first
+compiled call on the H200, where the kernels themselves came from the disk. Each step is compiled here with dynamo's
+ahead-of-time API (``torch.compile(fn, fullgraph=True).aot_compile``), which returns the traced function whole (its
+bytecode, guards and inductor's code) to be saved, and a second process loads it instead of tracing.
+
+The files live under ``<TORCHINDUCTOR_CACHE_DIR>/eagle_mm`` (so the variable that moves inductor's cache moves them
+too). Torch cannot save guards on identities (which classes, functions and hooks were traced, ``ID_MATCH`` and the
+like), so they are left out of the saved guards and put in the file's key instead: the versions of Python, torch
+and transformers, a hash of this package's source, the classes and hooks of the owner's modules, its config, and
+the argument signature (tensor shapes, dtypes, devices and strides, plain values, and the public plain attributes of
+the other objects). The guards that are saved (shapes, config values read while tracing, global state) are still checked
+before each call; a step whose saved guards fail is compiled again.
+
+A step that cannot be compiled this way (a graph break, a guard torch cannot save) is compiled by plain
+``torch.compile``, in this process only, with a logged warning: the same kernels, only the trace is not kept.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+import weakref
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DiskCompiled", "cache_folder"]
+
+_PLAIN = (bool, int, float, str, type(None))
+_MAX_ENTRIES = 8  # compilations kept per argument signature, like dynamo's own recompile limit
+_SOURCE: str | None = None
+
+
+def cache_folder() -> Path:
+    """Where compiled steps are kept: ``eagle_mm`` inside inductor's cache folder (``TORCHINDUCTOR_CACHE_DIR``)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()) / "eagle_mm"
+
+
+def _source_hash() -> str:
+    # This package's own functions are traced: a changed file is a new key, also in a checkout whose version stays.
+    global _SOURCE
+    if _SOURCE is None:
+        h, root = hashlib.sha256(), Path(__file__).resolve().parents[1]
+        for p in sorted(root.rglob("*.py")):
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+        _SOURCE = h.hexdigest()
+    return _SOURCE
+
+
+def _name(obj) -> str:
+    """A stable name for a class, function, bound method or closure (what identity guards would have checked)."""
+    if hasattr(obj, "__func__"):  # a bound method: its class and function
+        return f"{_name(type(obj.__self__))}.{obj.__func__.__name__}"
+    if hasattr(obj, "func") and hasattr(obj, "args"):  # functools.partial
+        return f"partial({_name(obj.func)})"
+    if not hasattr(obj, "__qualname__"):
+        obj = type(obj)
+    return f"{getattr(obj, '__module__', '?')}.{obj.__qualname__}"
+
+
+def _signature(x, depth: int = 0):
+    """What the saved guards cannot tell apart in an argument: a JSON-able description (see the module's doc)."""
+    if isinstance(x, torch.Tensor):
+        static = getattr(x, "_dynamo_static_input_type", None) is not None or isinstance(x, torch.nn.Parameter)
+        return ["T", list(x.shape), list(x.stride()), str(x.dtype), str(x.device), static]
+    if isinstance(x, _PLAIN):
+        return x
+    if isinstance(x, (torch.dtype, torch.device)):
+        return str(x)
+    if isinstance(x, enum.Enum):
+        return ["E", _name(type(x)), x.name]
+    if isinstance(x, (list, tuple)):
+        return [type(x).__name__, [_signature(v, depth) for v in x]]
+    if isinstance(x, torch.nn.Module):
+        return ["M", _name(type(x))]  # the owner's modules are in ``_owner_facts``
+    if dataclasses.is_dataclass(x) and depth < 2:
+        fields = {f.name: _signature(getattr(x, f.name), depth + 1) for f in dataclasses.fields(x)}
+        return ["D", _name(type(x)), fields]
+    plain = {k: _signature(v) for k, v in sorted(getattr(x, "__dict__", {}).items())
+             if not k.startswith("_") and _is_plain(v)}  # private attributes hold ids and the like
+    return ["O", _name(type(x)), plain]
+
+
+def _is_plain(v) -> bool:
+    return isinstance(v, _PLAIN) or (isinstance(v, tuple) and all(isinstance(e, _PLAIN) for e in v))
+
+
+def _identity(args: tuple) -> tuple[tuple, list]:
+    """A cheap key for the arguments (tensors by shape, stride, dtype and device; plain values by value; other
+    objects by identity) and weak references to the objects it holds by identity."""
+    refs: list = []
+
+    def part(x):
+        if isinstance(x, torch.Tensor):
+            return (x.shape, x.stride(), x.dtype, x.device)
+        if isinstance(x, _PLAIN):
+            return x
+        if isinstance(x, (list, tuple)):
+            return (type(x), tuple(part(v) for v in x))
+        try:
+            refs.append(weakref.ref(x))
+        except TypeError:  # no weak references to it: held, so that its id stays its own
+            refs.append(lambda x=x: x)
+        return id(x)
+
+    return tuple(part(a) for a in args), refs
+
+
+def _owner_facts(owner: torch.nn.Module) -> list:
+    """The classes and hooks of every module of the owner, and its config: guards on identities are not saved."""
+    mods = []
+    for name, m in owner.named_modules():
+        hooks = [_name(h) for d in (m._forward_pre_hooks, m._forward_hooks) for h in d.values()]
+        mods.append([name, _name(type(m)), hooks, m.training])
+    config = getattr(owner, "config", None)
+    if hasattr(config, "to_json_string"):
+        config = [config.to_json_string(use_diff=False), getattr(config, "_attn_implementation", None)]
+    glob = torch.nn.modules.module
+    hooks = [_name(h) for d in (glob._global_forward_pre_hooks, glob._global_forward_hooks) for h in d.values()]
+    return [mods, repr(config), hooks]
+
+
+def _savable(entries) -> list[bool]:
+    """dynamo's guard filter: keep every guard torch can save (the others are in the file's key). Guards on a
+    function's default values are left out too: torch 2.11 saves them but cannot load them back (its
+    ``DefaultsSource`` does not unpickle), and the defaults are our source's or the model's, both in the key."""
+    unsaved = torch._dynamo.guards.CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    return [not (e.guard_type in unsaved or any(d in unsaved for d in e.derived_guard_types)
+                 or _through_defaults(e.orig_guard.originating_source)) for e in entries]
+
+
+def _through_defaults(source) -> bool:
+    while source is not None:
+        if type(source).__name__ == "DefaultsSource":
+            return True
+        source = getattr(source, "base", None)
+    return False
+
+
+def _write(path: Path, data: bytes) -> None:
+    # Atomic: another process may be reading the same key (torch 2.11's own writer is not).
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+class DiskCompiled:
+    """``torch.compile(fn, dynamic=False, mode=mode)`` for a step ``fn(owner, *args)``, each compilation saved under
+    ``cache_folder()`` and loaded from there by later processes (see the module's doc). A compilation that inductor
+    fails runs ``fn`` itself from then on, with a warning. ``setup``: seconds spent loading and compiling;
+    ``loaded`` and ``compiled`` count them (tests read them)."""
+
+    def __init__(self, fn, what: str, mode: str):
+        self.fn, self.what, self.mode = fn, what, mode
+        self._entries: dict[str, list] = {}  # argument signature -> compiled functions, checked in order
+        self._seen: OrderedDict = OrderedDict()  # identity key -> (function whose guards passed, weak references)
+        self._plain = None  # fn itself or torch.compile(fn), once this step is found not to compile ahead of time
+        self._plain_ran = False
+        self.setup, self.loaded, self.compiled = 0.0, 0, 0
+
+    def __call__(self, *args):
+        if self._plain is not None:
+            return self._run_plain(args)
+        # The guards run once per new set of argument objects, not on every cycle: checking them in Python cost
+        # 0.8 ms a call, 5% of code-tiny's compiled cycle on a CPU. (A captured graph on CUDA checks nothing.)
+        key, refs = _identity(args)
+        seen = self._seen.get(key)
+        if seen is not None and all(r() is not None for r in seen[1]):  # alive: the same objects, not reused ids
+            return seen[0](*args)
+        fn = self._find(args)
+        if fn is None:
+            return self._run_plain(args)
+        self._seen[key] = (fn, refs)
+        while len(self._seen) > 4 * _MAX_ENTRIES:
+            self._seen.popitem(last=False)
+        return fn(*args)
+
+    def _find(self, args: tuple):
+        """The compiled function whose guards pass for ``args``: kept, loaded or compiled (None: run ``_plain``)."""
+        sig = json.dumps(_signature(args[1:]))
+        for fn in self._entries.get(sig, ()):
+            if fn.guard_check(*args):
+                return fn
+        t0 = time.perf_counter()
+        try:
+            path = self._path(sig, args)
+        except Exception as e:  # a config that does not print, say: no file name for it
+            self._in_process_only(f"no key for its file: {_first_line(e)}")
+            return None
+        try:
+            fn = self._load(path, args) or self._compile(path, args)
+        except torch._dynamo.exc.BackendCompilerFailed as e:
+            logger.warning("compiling the %s failed (%s); it runs uncompiled", self.what, _first_line(e))
+            self._plain, self._plain_ran = self.fn, True
+        finally:
+            self.setup += time.perf_counter() - t0
+        if self._plain is not None:
+            return None
+        entries = self._entries.setdefault(sig, [])
+        entries.insert(0, fn)
+        del entries[_MAX_ENTRIES:]
+        return fn
+
+    def _run_plain(self, args: tuple):
+        if self._plain_ran:
+            return self._plain(*args)
+        t0 = time.perf_counter()  # torch.compile's first call: its compile
+        try:
+            return self._plain(*args)
+        except torch._dynamo.exc.BackendCompilerFailed as e:
+            logger.warning("compiling the %s failed (%s); it runs uncompiled", self.what, _first_line(e))
+            self._plain = self.fn
+            return self.fn(*args)
+        finally:
+            self._plain_ran = True
+            self.setup += time.perf_counter() - t0
+
+    def _in_process_only(self, why: str) -> None:
+        logger.warning("the %s cannot be compiled ahead of time (%s); it is compiled in this process only, and a new "
+                       "process traces it again", self.what, why)
+        self._plain = torch.compile(self.fn, dynamic=False, mode=self.mode)
+
+    def _path(self, sig: str, args: tuple) -> Path:
+        key = json.dumps([sys.version, torch.__version__, _transformers_version(), _source_hash(), self.mode,
+                          _name(self.fn), _owner_facts(args[0]), sig, torch.is_grad_enabled(),
+                          torch.get_default_dtype().__repr__()])
+        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+        return cache_folder() / f"{self.fn.__name__}-{digest}.bin"
+
+    def _load(self, path: Path, args: tuple):
+        if not path.exists():
+            return None
+        try:
+            with open(path, "rb") as f:
+                fn = torch.compiler.load_compiled_function(f, f_globals=self.fn.__globals__)
+        except Exception as e:  # a file from another build of torch, a truncated file...
+            logger.warning("loading the compiled %s from %s failed (%s); compiling it again", self.what, path,
+                           _first_line(e))
+            return None
+        fn.disable_guard_check()  # checked by _find, once per new set of argument objects
+        if not fn.guard_check(*args):
+            logger.info("the compiled %s in %s does not fit this call; compiling it again", self.what, path)
+            return None
+        self.loaded += 1
+        logger.debug("loaded the compiled %s from %s", self.what, path)
+        return fn
+
+    def _compile(self, path: Path, args: tuple):
+        options = {**torch._inductor.list_mode_options(self.mode), "guard_filter_fn": _savable}
+        try:  # torch 2.11 offers aot_compile only when asked (2.13 by default)
+            with torch._dynamo.config.patch(enable_aot_compile=True):
+                fn = torch.compile(self.fn, dynamic=False, fullgraph=True, options=options).aot_compile((args, {}))
+        except torch._dynamo.exc.BackendCompilerFailed:
+            raise  # inductor itself failed: _find runs the step uncompiled from now on
+        except Exception as e:  # a graph break, a guard torch cannot save
+            self._in_process_only(_first_line(e))
+            return None
+        fn.disable_guard_check()
+        self.compiled += 1
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write(path, type(fn).serialize(fn).serialized_data)
+        except Exception as e:
+            logger.warning("saving the compiled %s to %s failed (%s); a new process compiles it again", self.what,
+                           path, _first_line(e))
+        return fn
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
