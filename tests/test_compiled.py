@@ -1,13 +1,64 @@
-"""decode/compiled.py's bookkeeping, with torch's compiler and loader replaced by stand-ins (the real ones are
-exercised end to end by tests/test_engine.py::test_a_second_process_loads_the_compiled_steps)."""
+"""decode/compiled.py: the compiled steps saved whole and loaded by a second process, end to end (real compiles on
+the CPU, in subprocesses), then its bookkeeping with torch's compiler and loader replaced by stand-ins."""
+import json
 import logging
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import eagle_mm.decode.compiled as compiled
+import eagle_mm.decode.steps as steps_module
 from eagle_mm.decode.compiled import DiskCompiled
+
+
+_CHILD = """
+import json, sys, torch
+import eagle_mm as em
+from eagle_mm.decode import steps as step_module
+from eagle_mm.decode.graphs import _WRAPPED
+from tests.tiny import prompt, tiny_model
+result = {}
+for name, seed in json.loads(sys.argv[1]):
+    model = tiny_model("llama", seed=seed, num_hidden_layers=2)
+    head = em.Eagle3Head.from_target(model, aux_layers=(0, 1, 2))
+    out = em.speculative_generate(model, head, prompt(8), max_new_tokens=6, compile="default",
+                                  tree=em.TreeConfig.chain(2), return_dict_in_generate=True)
+    ref = model.generate(prompt(8), max_new_tokens=6, do_sample=False)
+    steps = [f for owner in (model, head) for f in _WRAPPED[owner].values()]
+    result[name] = {"equal": torch.equal(out.sequences, ref), "loaded": sum(f.loaded for f in steps),
+                    "compiled": sum(f.compiled for f in steps)}
+# Names dynamo adds to the traced functions' module while tracing (it numbers them per process)
+result["module_names"] = sorted(k for k in vars(step_module) if k.startswith("__"))
+print("RESULT", json.dumps(result))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_process_loads_the_compiled_steps(tmp_path):
+    """compile=True/a mode: the compiled steps are saved whole under TORCHINDUCTOR_CACHE_DIR/eagle_mm; a second
+    process with the same shapes loads them instead of tracing and compiling, for another model of the same config
+    too (the weights are the steps' inputs, not baked in), with every output equal to ``generate``'s. Loading adds
+    nothing to the steps' module: torch's own precompile cache installed the saving process's numbered names
+    there, and a later trace in the loading process that made the same name crashed inside dynamo."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path), PYTHONPATH=os.getcwd())
+    runs = []
+    for models in ([["a", 0]], [["b", 1]]):
+        proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(models)], capture_output=True, text=True,
+                              env=env, timeout=280)
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert line, proc.stderr[-3000:]
+        runs.append(json.loads(line[0][7:]))
+    first, second = runs
+    # the verify and the update (the steps compile= compiles): compiled and saved, then loaded
+    assert first["a"] == {"equal": True, "loaded": 0, "compiled": 2}
+    assert second["b"] == {"equal": True, "loaded": 2, "compiled": 0}  # nothing traced or compiled
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "eagle_mm").iterdir()) == ["update_step", "verify_step"]
+    plain = sorted(k for k in vars(steps_module) if k.startswith("__"))
+    assert second["module_names"] == plain  # as imported (the saving process has dynamo's names there)
 
 
 class FakeCompiled:

@@ -419,55 +419,6 @@ def test_sampled_calls_share_one_graph_sampler():
     assert sampler(0.8, 0.9).generator is None  # the call's generator stays with the call
 
 
-_CHILD = """
-import json, sys, torch
-import eagle_mm as em
-from eagle_mm.decode.graphs import _WRAPPED
-from tests.tiny import prompt, tiny_model
-result = {}
-for name, seed, bos in json.loads(sys.argv[1]):
-    model = tiny_model("llama", seed=seed, num_hidden_layers=2, bos_token_id=bos)
-    head = em.Eagle3Head.from_target(model, aux_layers=(0, 1, 2))
-    out = em.speculative_generate(model, head, prompt(8), max_new_tokens=6, compile="default",
-                                  tree=em.TreeConfig.chain(2), return_dict_in_generate=True)
-    ref = model.generate(prompt(8), max_new_tokens=6, do_sample=False)
-    steps = [f for owner in (model, head) for f in _WRAPPED[owner].values()]
-    result[name] = {"equal": torch.equal(out.sequences, ref), "compile": out.stats.time_compile,
-                    "loaded": sum(f.loaded for f in steps), "compiled": sum(f.compiled for f in steps)}
-print("RESULT", json.dumps(result))
-"""
-
-
-@pytest.mark.slow
-def test_a_second_process_loads_the_compiled_steps(tmp_path):
-    """compile=True/a mode: the compiled steps are saved whole (``decode/compiled.py``) under
-    TORCHINDUCTOR_CACHE_DIR; a second process with the same shapes loads them instead of tracing and compiling,
-    for another model of the same config too (the weights are the steps' inputs, not baked in), and then still
-    compiles a model of another config (another key: dynamo traces it in the process that loaded the others, where
-    torch's own precompile cache crashed), with every output equal to ``generate``'s."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path), PYTHONPATH=os.getcwd())
-    runs = []
-    for models in ([["a", 0, 1]], [["b", 1, 1], ["c", 0, 2]]):
-        proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(models)], capture_output=True, text=True,
-                              env=env, timeout=280)
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        assert line, proc.stderr[-3000:]
-        runs.append(json.loads(line[0][7:]))
-    first, second = runs
-    # the verify and the update (the steps compile= compiles): compiled and saved, then loaded
-    assert first["a"] == {**first["a"], "equal": True, "loaded": 0, "compiled": 2}
-    assert second["b"] == {**second["b"], "equal": True, "loaded": 2, "compiled": 0}  # nothing traced or compiled
-    # another target config (a token id the forward does not read): its own verify; the head is the same
-    assert second["c"] == {**second["c"], "equal": True, "loaded": 1, "compiled": 1}
-    assert sorted(p.name.split("-")[0] for p in (tmp_path / "eagle_mm").iterdir()) == ["update_step"] + [
-        "verify_step"] * 2
-
-
 def test_compile_modes_compile_the_cycle_steps_only():
     """compile=: the verify and the update are compiled; the draft only in the max-autotune modes; the prefill never
     (captured as it is where the mode captures graphs)."""
