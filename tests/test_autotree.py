@@ -190,13 +190,17 @@ def test_choose_tree_end_to_end(model, ids, reference):
     assert fixed.tree == em.TreeConfig.chain(2)
 
 
-def test_runoff_keeps_the_default_unless_a_finalist_is_clearly_faster(model, ids, replays):
+def test_runoff_keeps_the_default_unless_a_finalist_is_clearly_faster(model, ids, replays, monkeypatch):
     """The runoff times the finalists with the real loop: a clearly faster finalist wins; a near-tie goes to the
-    default call's tree (tree="auto" must never be slower than it)."""
-    import time
+    default call's tree (tree="auto" must never be slower than it). The clock is a stand-in that each decode moves
+    on by its tree's cost: a near-tie within 2% is below a loaded machine's sleep jitter."""
+    from types import SimpleNamespace
 
+    import eagle_mm.decode.autotree_costs as costs
     from eagle_mm.decode.autotree import runoff
 
+    clock = [0.0]
+    monkeypatch.setattr(costs, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     default, fast, slow = em.TreeConfig.chain(3), em.TreeConfig.chain(5), em.TreeConfig(4, 4, 16)
     result = rank_trees(replays[4.0], _cpu_like(), [fast, slow], default=default)
     for delay, winner in (({default: 0.03, fast: 0.01, slow: 0.05}, fast),
@@ -205,7 +209,7 @@ def test_runoff_keeps_the_default_unless_a_finalist_is_clearly_faster(model, ids
 
         def decode(model, head, *, tree, **kw):
             calls.append(tree)
-            time.sleep(delay[tree])
+            clock[0] += delay[tree]
 
         got = runoff(result, model, None, ids, decode, default, max_new_tokens=4, repeats=3)
         assert got.tree == winner and set(got.measured) == {default, fast, slow}
