@@ -6,7 +6,8 @@ import gc
 import pytest
 import torch
 
-from eagle_mm.decode.graphs import OwnGraph, _Signature
+from eagle_mm.decode.graphs import OwnGraph
+from eagle_mm.decode.signature import Signature as _Signature
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,11 +28,12 @@ import os
 import sys
 import tempfile
 import time
-import weakref
 from collections import OrderedDict
 from pathlib import Path
 
 import torch
+
+from .signature import Signature, alive, is_static
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +76,7 @@ def _name(obj) -> str:
 def _signature(x, depth: int = 0):
     """What the saved guards cannot tell apart in an argument: a JSON-able description (see the module's doc)."""
     if isinstance(x, torch.Tensor):
-        static = getattr(x, "_dynamo_static_input_type", None) is not None or isinstance(x, torch.nn.Parameter)
-        return ["T", list(x.shape), list(x.stride()), str(x.dtype), str(x.device), static]
+        return ["T", list(x.shape), list(x.stride()), str(x.dtype), str(x.device), is_static(x)]
     if isinstance(x, _PLAIN):
         return x
     if isinstance(x, (torch.dtype, torch.device)):
@@ -97,27 +97,6 @@ def _signature(x, depth: int = 0):
 
 def _is_plain(v) -> bool:
     return isinstance(v, _PLAIN) or (isinstance(v, tuple) and all(isinstance(e, _PLAIN) for e in v))
-
-
-def _identity(args: tuple) -> tuple[tuple, list]:
-    """A cheap key for the arguments (tensors by shape, stride, dtype and device; plain values by value; other
-    objects by identity) and weak references to the objects it holds by identity."""
-    refs: list = []
-
-    def part(x):
-        if isinstance(x, torch.Tensor):
-            return (x.shape, x.stride(), x.dtype, x.device)
-        if isinstance(x, _PLAIN):
-            return x
-        if isinstance(x, (list, tuple)):
-            return (type(x), tuple(part(v) for v in x))
-        try:
-            refs.append(weakref.ref(x))
-        except TypeError:  # no weak references to it: held, so that its id stays its own
-            refs.append(lambda x=x: x)
-        return id(x)
-
-    return tuple(part(a) for a in args), refs
 
 
 def _owner_facts(owner: torch.nn.Module) -> list:
@@ -172,7 +151,7 @@ class DiskCompiled:
     def __init__(self, fn, what: str, mode: str):
         self.fn, self.what, self.mode = fn, what, mode
         self._entries: dict[str, list] = {}  # argument signature -> compiled functions, checked in order
-        self._seen: OrderedDict = OrderedDict()  # identity key -> (function whose guards passed, weak references)
+        self._seen: OrderedDict = OrderedDict()  # Signature key -> (function whose guards passed, its weak refs)
         self._plain = None  # fn itself or torch.compile(fn), once this step is found not to compile ahead of time
         self._plain_ran = False
         self.setup, self.loaded, self.compiled = 0.0, 0, 0
@@ -182,14 +161,14 @@ class DiskCompiled:
             return self._run_plain(args)
         # The guards run once per new set of argument objects, not on every cycle: checking them in Python cost
         # 0.8 ms a call, 5% of code-tiny's compiled cycle on a CPU. (A captured graph on CUDA checks nothing.)
-        key, refs = _identity(args)
-        seen = self._seen.get(key)
-        if seen is not None and all(r() is not None for r in seen[1]):  # alive: the same objects, not reused ids
+        sig = Signature(args, frozenset())
+        seen = self._seen.get(sig.key)
+        if seen is not None and alive(seen[1], sig.refs):
             return seen[0](*args)
         fn = self._find(args)
         if fn is None:
             return self._run_plain(args)
-        self._seen[key] = (fn, refs)
+        self._seen[sig.key] = (fn, sig.refs)
         while len(self._seen) > 4 * _MAX_ENTRIES:
             self._seen.popitem(last=False)
         return fn(*args)
@@ -209,8 +188,7 @@ class DiskCompiled:
         try:
             fn = self._load(path, args) or self._compile(path, args)
         except torch._dynamo.exc.BackendCompilerFailed as e:
-            logger.warning("compiling the %s failed (%s); it runs uncompiled", self.what, _first_line(e))
-            self._plain, self._plain_ran = self.fn, True
+            self._uncompiled(e)
         finally:
             self.setup += time.perf_counter() - t0
         if self._plain is not None:
@@ -227,12 +205,15 @@ class DiskCompiled:
         try:
             return self._plain(*args)
         except torch._dynamo.exc.BackendCompilerFailed as e:
-            logger.warning("compiling the %s failed (%s); it runs uncompiled", self.what, _first_line(e))
-            self._plain = self.fn
+            self._uncompiled(e)
             return self.fn(*args)
         finally:
             self._plain_ran = True
             self.setup += time.perf_counter() - t0
+
+    def _uncompiled(self, e: Exception) -> None:
+        logger.warning("compiling the %s failed (%s); it runs uncompiled", self.what, _first_line(e))
+        self._plain, self._plain_ran = self.fn, True
 
     def _in_process_only(self, why: str) -> None:
         logger.warning("the %s cannot be compiled ahead of time (%s); it is compiled in this process only, and a new "

@@ -35,6 +35,7 @@ from collections import OrderedDict
 import torch
 
 from .compiled import DiskCompiled
+from .signature import Signature, alive, is_static
 
 logger = logging.getLogger(__name__)
 
@@ -45,54 +46,6 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 _NO_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 _MAX_GRAPHS = 8  # signatures kept per function; the oldest graph (and its memory pool) is dropped first
-_VALUES = (bool, int, float, str, torch.dtype, torch.device, type(None))
-
-
-def _is_static(t: torch.Tensor) -> bool:
-    # The attribute first: isinstance against Parameter's metaclass costs ~10x more, on every replay.
-    return getattr(t, "_dynamo_static_input_type", None) is not None or isinstance(t, torch.nn.Parameter)
-
-
-def _by_value(x) -> bool:
-    return isinstance(x, _VALUES) or (getattr(type(x), "__dataclass_params__", None) is not None
-                                      and type(x).__dataclass_params__.frozen)
-
-
-class _Signature:
-    """The signature of one call: a hashable key, weak references to the objects it holds by identity, and the
-    call's transient tensors (those copied into the graph's buffers), in traversal order."""
-
-    def __init__(self, args: tuple, unkeyed: frozenset):
-        self.refs: list = []
-        self.transient: list[torch.Tensor] = []
-        self.device: torch.device | None = None  # the first CUDA tensor's device, None if there is none
-        self._first: dict[int, int] = {}  # id of a transient tensor -> its index, for aliases (dynamo guards on them)
-        self.key = tuple(None if i in unkeyed else self._part(a) for i, a in enumerate(args))
-
-    def _part(self, x):
-        if isinstance(x, torch.Tensor):
-            if self.device is None and x.is_cuda:
-                self.device = x.device
-            # Called on every replay (~100 tensors for the update): the cheapest key that tells tensors apart. A
-            # static tensor's address names its device too (one address space for the host and every GPU).
-            if _is_static(x):
-                return ("s", x.data_ptr(), x.shape, x.stride(), x.dtype)
-            if id(x) in self._first:  # the same tensor again: one buffer, as the function saw one tensor
-                return ("alias", self._first[id(x)])
-            self._first[id(x)] = len(self.transient)
-            self.transient.append(x)
-            return ("t", x.shape, x.stride(), x.dtype, x.device)
-        if isinstance(x, (list, tuple)):
-            return (type(x).__name__, tuple(self._part(v) for v in x))
-        if _by_value(x):
-            return x
-        try:
-            self.refs.append(weakref.ref(x))
-        except TypeError:  # no weak references to it (a dict, say): held, so that its id stays its own
-            self.refs.append(lambda x=x: x)
-        return ("id", id(x))
-
-
 class _Captured:
     def __init__(self, graph: torch.cuda.CUDAGraph, out, buffers: list[torch.Tensor], refs: list):
         self.graph, self.out, self.buffers, self.refs = graph, out, buffers, refs
@@ -115,15 +68,15 @@ class OwnGraph:
         writes and returns a callable that restores it; the warm-up runs, the snapshot is restored, and the capture
         runs and replays (the function's effect happens once). Without it, the capture waits for the second call of
         the signature (a step that runs once per call, or last in a call, would then be captured by the next call)."""
-        sig = _Signature(args, self.unkeyed)  # unkeyed arguments hold no tensors (the contract)
+        sig = Signature(args, self.unkeyed)  # unkeyed arguments hold no tensors (the contract)
         if sig.device is None:
             return self.inner(*args)
         with torch.cuda.device(sig.device):  # capture and replay on the arguments' GPU, whichever is current
             return self._call(args, sig, undo)
 
-    def _call(self, args: tuple, sig: _Signature, undo=None):
+    def _call(self, args: tuple, sig: Signature, undo=None):
         entry = self._graphs.get(sig.key)
-        if entry is not None and not _alive(entry.refs if isinstance(entry, _Captured) else entry, sig.refs):
+        if entry is not None and not alive(entry.refs if isinstance(entry, _Captured) else entry, sig.refs):
             del self._graphs[sig.key]  # an object it was keyed on died; this one merely reuses its id
             entry = None
         if entry is None:  # first call: compile and run (the warm-up); capture now (undo) or at the next call
@@ -160,13 +113,13 @@ class OwnGraph:
         entry.graph.replay()
         return entry.out
 
-    def _capture(self, args: tuple, sig: _Signature) -> _Captured:
+    def _capture(self, args: tuple, sig: Signature) -> _Captured:
         buffers: list[torch.Tensor] = []
         clones: dict[int, torch.Tensor] = {}
 
         def own(x):  # the transient tensors, cloned into buffers the graph reads from (same traversal order)
             if isinstance(x, torch.Tensor):
-                if _is_static(x):
+                if is_static(x):
                     return x
                 if id(x) not in clones:  # an alias stays an alias: else dynamo's guards fail and it recompiles
                     clones[id(x)] = x.clone()
@@ -189,10 +142,6 @@ def nothing_to_undo():
     """``OwnGraph``'s ``undo`` for a function whose second run repeats its first exactly (it writes only what it
     computes from inputs it does not write)."""
     return lambda: None
-
-
-def _alive(kept: list, now: list) -> bool:
-    return all(k() is not None and k() is n() for k, n in zip(kept, now))
 
 
 # One wrapper per (owner, name, mode), kept between calls: a captured graph is bound to its buffers' addresses.
