@@ -6,7 +6,7 @@ import torch
 from transformers.generation.stopping_criteria import (EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria,
                                                        StoppingCriteria, StoppingCriteriaList)
 
-from eagle_mm.decode.stopping import first_stop
+from eagle_mm.decode.stopping import Stops, first_stop
 
 pytestmark = pytest.mark.compat  # HF's criteria classes are read by type: check them on the oldest release too
 
@@ -47,7 +47,7 @@ def test_matches_asking_after_every_token():
         if rng.random() < 0.2:
             crit.append(MaxTimeCriteria(max_time=0.0 if rng.random() < 0.5 else 1e9))
         criteria = StoppingCriteriaList(crit)
-        assert first_stop(criteria, seq, start) == per_token(criteria, seq, start), (trial, seq, start, crit)
+        assert first_stop(Stops.of(criteria), seq, start) == per_token(criteria, seq, start), (trial, seq, start, crit)
 
 
 def test_known_criteria_are_not_called_per_token():
@@ -55,11 +55,11 @@ def test_known_criteria_are_not_called_per_token():
     seq = torch.tensor([[5, 1, 2, 3, 4, 7, 6]])
     user = SumIs(13)  # 7 + 6 fires at the last token, i = 3
     criteria = StoppingCriteriaList([EosTokenCriteria(eos_token_id=4), user])  # EOS at i = 1
-    assert first_stop(criteria, seq, 3) == 1
+    assert first_stop(Stops.of(criteria), seq, 3) == 1
     assert user.calls == 1  # prefix i = 0 only: the EOS at i = 1 stops first
-    assert first_stop(StoppingCriteriaList([user]), seq, 3) == 3
+    assert first_stop(Stops.of(StoppingCriteriaList([user])), seq, 3) == 3
 
 
 @pytest.mark.parametrize("criteria", (None, StoppingCriteriaList()))
 def test_no_criteria_never_stop(criteria):
-    assert first_stop(criteria, torch.tensor([[1, 2, 3]]), 1) is None
+    assert first_stop(Stops.of(criteria), torch.tensor([[1, 2, 3]]), 1) is None

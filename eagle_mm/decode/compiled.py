@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from .signature import Signature, alive, is_static
+from ..target.dynamo import is_static
+from .signature import Signature, alive
 
 logger = logging.getLogger(__name__)
 

@@ -21,9 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.generation import logits_process as lp
-
 from ..config import TreeConfig
+from ..target.generation import SORTED_RULES, top_k_of
 from .processors import apply_input_free, reads_input_ids
 from .sampling import draft_noise, sample_children, sibling_scores
 from .tree import Tree, select_tree
@@ -68,9 +67,10 @@ class DraftSampler:
         vd = head.config.draft_vocab_size if hasattr(head.config, "draft_vocab_size") else head.config.vocab_size
         ids = head.draft_to_target(torch.arange(vd, device=next(head.parameters()).device))
         V = head.config.vocab_size
-        if not all(type(p) in _SORTED_RULES for p in warpers):
+        if not all(type(p) in SORTED_RULES for p in warpers):
             return cls(warpers, ids, V, generator, V, False)
-        top = min((p.top_k for p in warpers if type(p) is lp.TopKLogitsWarper), default=DRAFT_WIDTH)
+        top = top_k_of(warpers)
+        top = DRAFT_WIDTH if top is None else top
         return cls(warpers, ids, V, generator, min(vd, max(min_width, top)), True)
 
     def for_graphs(self) -> "DraftSampler":
@@ -94,7 +94,7 @@ class DraftSampler:
             return cand, self.logq(draft_logits)
         values, idx = draft_logits.float().topk(self.width, dim=-1)  # sorted, largest first
         for p in self.warpers:
-            values = _SORTED_RULES[type(p)](p, values)
+            values = SORTED_RULES[type(p)](p, values)
         return self.target_ids[idx], torch.log_softmax(values, dim=-1)
 
     def logq(self, draft_logits: torch.Tensor) -> torch.Tensor:
@@ -106,33 +106,6 @@ class DraftSampler:
             full = apply_input_free(self.warpers, full.view(B * M, -1)).view(B, M, -1)
         return torch.log_softmax(full, dim=-1)
 
-
-def _keep_first(values: torch.Tensor, drop: torch.Tensor, n: int) -> torch.Tensor:
-    """values with ``drop`` set to -inf, except the first n (the largest: the warpers' min_tokens_to_keep)."""
-    drop[..., :n] = False
-    return values.masked_fill(drop, float("-inf"))
-
-
-def _top_p(p, values):
-    probs = torch.softmax(values, dim=-1)
-    before = torch.cumsum(probs, dim=-1) - probs  # mass of the more likely tokens
-    return _keep_first(values, before >= p.top_p, max(1, p.min_tokens_to_keep))
-
-
-def _min_p(p, values):
-    probs = torch.softmax(values, dim=-1)
-    return _keep_first(values, probs < p.min_p * probs[..., :1], max(1, p.min_tokens_to_keep))
-
-
-def _top_k(p, values):
-    out = values.clone()
-    out[..., p.top_k:] = float("-inf")  # sorted: the k largest come first
-    return out
-
-
-# transformers' warpers with their rule on values sorted largest first (what the compact proposal applies).
-_SORTED_RULES = {lp.TemperatureLogitsWarper: lambda p, v: v / p.temperature, lp.TopKLogitsWarper: _top_k,
-                 lp.TopPLogitsWarper: _top_p, lp.MinPLogitsWarper: _min_p}
 
 _GRAPH_SAMPLERS: dict = {}  # device -> {warper settings: DraftSampler}
 _GRAPH_SAMPLERS_KEPT = 16

@@ -26,12 +26,15 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from ..target.cache import cache_slots, cache_view, filled_layers, layer_rows, pointers, set_pointers, \
+    static_cache, static_rows
 from ..target.compat import cache_kwarg
+from ..target.dynamo import mark_static
 from .accept import accept
 from .draft import HeadCache, scratch_slots
 from .graphs import CUDA_GRAPH_MODES, OwnGraph, nothing_to_undo, setup_seconds, wrapped
 from .masks import LayerKind
-from .rows import cache_view, move_rows, static_rows
+from .rows import move_rows
 from .processors import reads_input_ids
 from .sampling import draft_noise, walk_noise
 from .steps import accept_step, draft_step, prefill_step, update_step, verify_step
@@ -87,12 +90,9 @@ _BUFFERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def _target_cache(model, batch: int, length: int, n: int) -> _TargetCache:
     """An n-layer static cache of at least ``length`` slots: the model's previous one when it is long enough
     (as ``generate`` reuses its static cache), so that calls with shorter prompts replay the same graphs."""
-    from transformers.cache_utils import Cache, StaticLayer
-
     entry = _CACHES.get(model)
-    if (entry is None or len(entry.cache.layers) != n or entry.batch != batch
-            or entry.cache.layers[0].max_cache_len < length):
-        entry = _TargetCache(batch, Cache(layers=[StaticLayer(max_cache_len=length) for _ in range(n)]))
+    if entry is None or len(entry.cache.layers) != n or entry.batch != batch or cache_slots(entry.cache) < length:
+        entry = _TargetCache(batch, static_cache(n, length))
         _CACHES[model] = entry  # one live cache per model: a new shape frees the old one
     entry.cache.reset()  # zeros the stored slots and every layer's cumulative_length, in place
     return entry
@@ -134,7 +134,7 @@ class Buffers:
                   torch.zeros(B, q_len, **fp32) if vocab else None, torch.ones(B, vocab, **fp32) if vocab else None)
         for f in fields(buf):
             if getattr(buf, f.name) is not None:
-                torch._dynamo.mark_static_address(getattr(buf, f.name))
+                mark_static(getattr(buf, f.name))
         return buf
 
     def batched(self) -> list[torch.Tensor]:
@@ -168,7 +168,7 @@ class FixedStorage:
                               tree.total_tokens + 1, tree.depth)
         self._entry = _target_cache(model, batch, length, len(kinds))
         self.cache = self._entry.cache
-        self.length = self.cache.layers[0].max_cache_len
+        self.length = cache_slots(self.cache)
         self.cur = 0
         self.buf: Buffers | None = None
         self.batch = batch  # rows the cycle runs on: fewer after ``compact``
@@ -195,8 +195,7 @@ class FixedStorage:
         pos = self._entry.pos
         if pos is None or pos.device != slot_pos.device or pos.shape != (B, self.length):
             # Kept between calls at one address: the update graph writes it in place.
-            pos = self._entry.pos = slot_pos.new_empty(B, self.length)
-            torch._dynamo.mark_static_address(pos)
+            pos = self._entry.pos = mark_static(slot_pos.new_empty(B, self.length))
         pos.fill_(-1)
         self.cur, self._pos = T, pos
         return pos
@@ -233,15 +232,12 @@ class FixedStorage:
     def _in_use(self, n: int):
         """(cache, slot positions) for a forward whose slots end before n: eagerly, views over the first n slots
         (rounded up to 32, and kept per length for the call); else the whole cache and positions."""
-        if not self._eager or self.cache.layers[0].is_initialized is False:
+        if not self._eager or not filled_layers(self.cache):
             return self.cache, self._pos
         n = min(-(-n // 32) * 32, self.length)
         if self._views.get(n, (None,))[0] is not self.cache:  # a view of this batch's cache (rows change it)
             self._views[n] = (self.cache, cache_view(self.cache, slots=n))
         return self._views[n][1], self._pos[:, :n]
-
-    def _layers_initialized(self) -> list:
-        return [la for la in self.cache.layers if la.is_initialized]
 
     def start(self, hcache: HeadCache, root, root_pos, root_out, root_logits) -> None:
         """Copy the prefill's head cache (S entries, one per prompt slot) and the root into the buffers."""
@@ -268,19 +264,16 @@ class FixedStorage:
                          (buf.root_logits, root_logits)):
             dst.copy_(src)
         self.buf, self._full, self._next = buf, buf, None
-        self._layers = self._layers_initialized()
 
     def compact(self, keep: list[int]) -> None:
         """Go on with the storage rows ``keep`` (``rows.plan``): moved to the first rows of the full-size cache and
         buffers, which the cycle then runs on as views. A draft launched ahead moves with its rows."""
         n, entry = len(keep), self._entry
-        layers = [la for la in entry.cache.layers if la.is_initialized]
-        full = [la.keys for la in layers] + [la.values for la in layers] + [entry.pos] + self._full.batched()
+        full = layer_rows(entry.cache) + [entry.pos] + self._full.batched()
         move_rows([t[: self.batch] for t in full], keep, self.batch)
         if n not in entry.views:
             entry.views[n] = cache_view(entry.cache, rows=n)
         self.batch, self.cache, self._pos, self.buf = n, entry.views[n], static_rows(entry.pos, n), self._full.rows(n)
-        self._layers = [la for la in self.cache.layers if la.is_initialized]
         if self._next is not None:
             b = self.buf
             self._next = (Tree(b.tokens, b.parent, b.depth), b.q_pos, b.q_nodes)
@@ -326,26 +319,25 @@ class FixedStorage:
         if self.cur + path.shape[1] > self.length:
             raise RuntimeError(f"static cache of {self.length} slots is full ({self.cur} used, a path needs "
                                f"{path.shape[1]})")
-        b, layers = self.buf, self._layers
-        return _run(self._update, self._undo_update, self.head, [la.keys for la in layers],
-                    [la.values for la in layers], [la.cumulative_length for la in layers], self._pos, b.head_k,
+        b = self.buf
+        return _run(self._update, self._undo_update, self.head, self.cache, self._pos, b.head_k,
                     b.head_v, b.head_pos, b.cur, b.root, b.root_pos, b.root_out, b.root_logits, tokens, q_pos, feats,
                     accept_len, path, bonus)
 
     def _undo_pointers(self, at: int):
         """``OwnGraph``'s undo for a forward (the prefill, the verify): it writes the slots at the write pointers,
         which a second run writes again, and moves the pointers on from ``at``, where the restore puts them back."""
-        return lambda: lambda: [la.cumulative_length.fill_(at) for la in self._layers_initialized()]
+        return lambda: lambda: set_pointers(self.cache, at)
 
     def _undo_update(self):
         """``OwnGraph``'s undo for ``update_step``: a snapshot of what it reads and writes in place (the verified
         slots, the K kept ones of the positions and the head's cache, the root, the pointers)."""
         b, c, q, k = self.buf, self.cur, self.tree.total_tokens + 1, self.tree.depth + 1
-        slices = [(t, (slice(None), slice(None), slice(c, c + q))) for la in self._layers for t in (la.keys, la.values)]
+        slices = [(t, (slice(None), slice(None), slice(c, c + q))) for t in layer_rows(self.cache)]
         slices += [(t, (slice(None), slice(c, c + k))) for t in (self._pos, b.head_pos)]
         slices += [(t, (slice(None), slice(None), slice(c, c + k))) for t in (b.head_k, b.head_v)]
         slices += [(t, ...) for t in (b.cur, b.root, b.root_pos, b.root_out, b.root_logits,
-                                      *(la.cumulative_length for la in self._layers))]
+                                      *pointers(self.cache))]
         saved = [(t, i, t[i].clone()) for t, i in slices]
 
         def restore():

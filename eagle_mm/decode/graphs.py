@@ -35,7 +35,8 @@ from collections import OrderedDict
 import torch
 
 from .compiled import DiskCompiled
-from .signature import Signature, alive, is_static
+from ..target.dynamo import is_static
+from .signature import Signature, alive
 
 logger = logging.getLogger(__name__)
 

@@ -26,18 +26,19 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from ..target.parts import resolve_target
 from ..config import TreeConfig, bound_tree
 from ..target.features import FeatureCapture
+from ..target.generation import pad_token_id
 from ..target.multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
     verify_positions
 from .draft import DraftSampler, extend_head
 from .dynamic import DynamicStorage
 from .fixed import FixedStorage
-from .options import check_attention, check_generation_config, choose_storage, default_tree, pad_id, \
-    resolve_tree, split_model_inputs
+from .options import check_attention, check_generation_config, choose_storage, default_tree, resolve_tree, \
+    split_model_inputs
 from .processors import reads_input_ids, reads_tokens
 from .rows import plan
 from .skinny import skinny_linears
 from .state import DecodeState, SpeculativeOutput, SpeculativeStats
-from .stopping import first_stop
+from .stopping import Stops, first_stop
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +156,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     kind, mode, kinds = choose_storage(eagle_cache_implementation, eagle_compile, model, parts, logits_processor,
                                        device=input_ids.device)
     sampler = DraftSampler.from_processors(logits_processor, head, generator, tree.top_k) if gen.do_sample else None
+    stops = Stops.of(stopping_criteria)
     stats = SpeculativeStats(accept_counts=[0] * tree.depth, tree=tree, autotree=autotree, engine=kind, mode=mode)
     lock = _model_lock(model) if kind == "fixed" else contextlib.nullcontext()
     # Eager cycles on a CPU: few-row linears as W @ x^T (skinny.py); a compiler chooses its own kernels, and the
@@ -172,7 +174,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         t0 = time.perf_counter()
         state = _prefill(model, head, cap, store, input_ids, mask, position_ids, images, logits_processor, gen,
                          generator)
-        _commit(state, state.first[:, None].tolist(), stopping_criteria, streamer)
+        _commit(state, state.first[:, None].tolist(), stops, streamer)
         stats.time_prefill += time.perf_counter() - t0
         with linears:
             while not all(state.finished):
@@ -181,12 +183,12 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
                     store.compact(keep)
                     state.keep(keep)
                 _check_cache_room(parts, store.cur, tree)
-                _cycle(model, head, cap, store, state, tree, gen, logits_processor, stopping_criteria, streamer,
+                _cycle(model, head, cap, store, state, tree, gen, logits_processor, stops, streamer,
                        sampler, generator, stats)
         stats.time_compile = store.setup - setup0
     if streamer is not None:
         streamer.end()
-    sequences = _assemble(input_ids, state.generated, pad_id(gen))
+    sequences = _assemble(input_ids, state.generated, pad_token_id(gen))
     if not gen.return_dict_in_generate:
         return sequences
     return SpeculativeOutput(sequences, stats, _per_step(state.logits), _per_step(state.scores))
@@ -282,7 +284,7 @@ def _kept_rows(state: DecodeState, path: torch.Tensor, logits: torch.Tensor, sco
             scores.gather(1, idx).float().cpu() if state.scores is not None else None)
 
 
-def _commit(state: DecodeState, new_tokens: list[list[int]], criteria, streamer, kept=None) -> None:
+def _commit(state: DecodeState, new_tokens: list[list[int]], stops: Stops, streamer, kept=None) -> None:
     """Append each row's new tokens, up to where generate()'s criteria, asked after every token, stop it.
     new_tokens[i]: the tokens of storage row i (``state.slots``); ``kept``: the (B', K, V) logits and scores behind
     them (output_logits / output_scores), or None."""
@@ -291,7 +293,7 @@ def _commit(state: DecodeState, new_tokens: list[list[int]], criteria, streamer,
             continue
         # One host tensor per row and cycle; the criteria see its prefixes, as generate() would.
         seq = torch.tensor(state.prompt[b] + state.generated[b] + toks, dtype=torch.long)[None]
-        stop = first_stop(criteria, seq, seq.shape[1] - len(toks))
+        stop = first_stop(stops, seq, seq.shape[1] - len(toks))
         taken = toks if stop is None else toks[: stop + 1]
         state.generated[b].extend(taken)
         state.finished[b] = stop is not None
@@ -302,7 +304,7 @@ def _commit(state: DecodeState, new_tokens: list[list[int]], criteria, streamer,
             streamer.put(torch.tensor(taken))
 
 
-def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, gen, processors, criteria, streamer,
+def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, gen, processors, stops: Stops, streamer,
            sampler, generator, stats: SpeculativeStats) -> None:
     D = tree_cfg.depth
     t0 = time.perf_counter()
@@ -319,7 +321,7 @@ def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, ge
     t2 = time.perf_counter()
     acc = host[:, 0].tolist()  # per storage row
     _count(stats, acc, [state.finished[b] for b in state.slots], tree.size - 1)
-    _commit(state, [host[b, 1: acc[b] + 2].tolist() for b in range(len(acc))], criteria, streamer, kept)
+    _commit(state, [host[b, 1: acc[b] + 2].tolist() for b in range(len(acc))], stops, streamer, kept)
     store.advance(max(acc) + 1)
     t3 = time.perf_counter()
     stats.time_draft += t1 - t0

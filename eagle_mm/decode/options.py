@@ -10,13 +10,14 @@ import logging
 import torch
 
 from ..config import TreeConfig
+from ..target.generation import INPUT_FREE, attention_implementation, placement_devices
 from .graphs import COMPILE_MODES
 from .masks import layer_kinds
-from .processors import INPUT_FREE, capturable_warpers
+from .processors import capturable_warpers
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_generation_config", "check_attention", "split_model_inputs", "pad_id", "choose_storage",
+__all__ = ["check_generation_config", "check_attention", "split_model_inputs", "choose_storage",
            "default_tree", "resolve_tree", "CACHE_IMPLEMENTATIONS"]
 
 CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
@@ -94,20 +95,8 @@ def _given(value) -> bool:
     return value is not None and not (isinstance(value, dict) and not value)
 
 
-def pad_id(gen) -> int:
-    """The token generate() writes after a row has finished."""
-    pad = getattr(gen, "_pad_token_tensor", None)
-    if pad is not None:
-        return int(pad.flatten()[0])
-    if gen.pad_token_id is not None:
-        return int(gen.pad_token_id)
-    eos = gen.eos_token_id
-    eos = eos[0] if isinstance(eos, (list, tuple)) else eos
-    return int(eos) if eos is not None else 0
-
-
 def check_attention(model) -> None:
-    impl = getattr(model.config, "_attn_implementation", "eager")
+    impl = attention_implementation(model)
     if impl not in ("eager", "sdpa"):
         raise ValueError(f"tree verification needs a 4D float mask, which attn_implementation={impl!r} cannot take; "
                          f"load the model with attn_implementation='sdpa' (or call model.set_attn_implementation('sdpa'))")
@@ -175,9 +164,9 @@ def choose_storage(cache_implementation, compile, model, parts, processors, *, d
 
 def _engine_refuses(model, parts, processors) -> str | None:
     """Why the engine cannot take this call, or None."""
-    devices = {str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
+    devices = placement_devices(model)
     if len(devices) > 1:
-        return f"the target is split over devices {sorted(devices)}, and the engine's graphs run on one device"
+        return f"the target is split over devices {devices}, and the engine's graphs run on one device"
     try:
         layer_kinds(parts.text_config, parts.num_layers)
     except ValueError as e:

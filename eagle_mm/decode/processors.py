@@ -7,38 +7,24 @@ Processors that ignore ``input_ids`` (temperature, top-k/p, min-p, ...) run once
 from __future__ import annotations
 
 import torch
-from transformers.generation import logits_process as lp
+from ..target.generation import INPUT_FREE, LENGTH_ONLY, min_length_rule
 
 __all__ = ["process_tree_logits", "apply_input_free", "reads_input_ids", "reads_tokens", "node_paths",
-           "capturable_warpers", "INPUT_FREE"]
-
-INPUT_FREE = tuple(
-    getattr(lp, name)
-    for name in ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
-                 "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper",
-                 "SuppressTokensLogitsProcessor", "InfNanRemoveLogitsProcessor", "LogitNormalization")
-    if hasattr(lp, name)
-)
-
-
-# Processors that read only the sequence's length: applied to all nodes at once from each node's length.
-LENGTH_ONLY = tuple(getattr(lp, name) for name in ("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor")
-                    if hasattr(lp, name))
+           "capturable_warpers"]
 
 
 def _length_only(p, base: list[int], depth: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     """``p(seq, scores)`` for every node at once: eos masked below the minimum, as the processor does for one
     length. base: each row's sequence length (B ints); depth (B, N+1): a node's sequence is base + depth long;
     scores (B * (N+1), V)."""
-    skip = getattr(p, "prompt_length_to_skip", 0)
-    minimum = p.min_new_tokens if hasattr(p, "min_new_tokens") else p.min_length
+    minimum, skip, eos_ids = min_length_rule(p)
     if min(base) - skip >= minimum:  # every node is past the minimum (decided on the host: no device work)
         return scores
     base_t = torch.tensor(base)
     if scores.is_cuda:  # from pinned memory the copy does not wait for the work queued on the GPU
         base_t = base_t.pin_memory()
     lengths = (base_t.to(scores.device, non_blocking=True)[:, None] + depth).flatten()  # (M,)
-    eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device), p.eos_token_id.to(scores.device))
+    eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device), eos_ids.to(scores.device))
     short = (lengths - skip) < minimum  # (M,)
     return scores.masked_fill(short[:, None] & eos[None, :], float("-inf"))
 

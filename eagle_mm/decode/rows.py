@@ -11,16 +11,14 @@ replayed by later calls. To bound those captures, CUDA-graph runs shrink to powe
 8, 4, 2, 1 rows as rows finish); eager runs shrink to the live rows exactly. Compiled runs keep their batch: each
 new size would be a new inductor compile.
 
-``cache_view(slots=n)`` is the same kind of view along the slots: the eager engine (the CPU) runs each forward over the
-cache slots in use, where a captured graph needs the whole preallocated length.
+``target.cache.cache_view(slots=n)`` is the same kind of view along the slots: the eager engine (the CPU) runs each
+forward over the cache slots in use, where a captured graph needs the whole preallocated length.
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 
-__all__ = ["plan", "move_rows", "static_rows", "cache_view"]
+__all__ = ["plan", "move_rows"]
 
 
 def plan(slots: list[int], finished: list[bool], powers_of_two: bool) -> list[int] | None:
@@ -44,32 +42,3 @@ def move_rows(tensors, keep: list[int], rows_now: int) -> None:
         if idx is None or idx.device != t.device:
             idx = torch.tensor(keep, device=t.device)
         t[: len(keep)].copy_(t[:rows_now].index_select(0, idx))  # index_select copies: sources may overlap
-
-
-def static_rows(t: torch.Tensor, n: int) -> torch.Tensor:
-    """The first n rows of a static buffer, as a view at the buffer's address, marked static like it (a captured
-    graph uses it in place)."""
-    view = t[:n]
-    torch._dynamo.mark_static_address(view)
-    return view
-
-
-def cache_view(cache, rows: int | None = None, slots: int | None = None):
-    """An HF ``Cache`` whose ``StaticLayer``s are views of ``cache``'s initialized layers: their first ``rows`` rows
-    (marked static, for the captured steps) or their first ``slots`` slots. The views share each layer's write
-    pointer (``cumulative_length``, the same tensor), so either cache moves both; the layers are shallow copies with
-    their key/value tensors and sizes replaced."""
-    from transformers.cache_utils import Cache
-
-    layers = []
-    for layer in cache.layers:
-        view = copy.copy(layer)
-        if layer.is_initialized and rows is not None:
-            view.keys, view.values = static_rows(layer.keys, rows), static_rows(layer.values, rows)
-            for name in ("batch_size", "max_batch_size"):  # the attribute's name differs between releases
-                if hasattr(view, name):
-                    setattr(view, name, rows)
-        if layer.is_initialized and slots is not None:
-            view.keys, view.values, view.max_cache_len = view.keys[:, :, :slots], view.values[:, :, :slots], slots
-        layers.append(view)
-    return Cache(layers=layers)

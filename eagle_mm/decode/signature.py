@@ -8,14 +8,11 @@ import weakref
 
 import torch
 
-__all__ = ["Signature", "alive", "is_static", "by_value"]
+from ..target.dynamo import is_static
+
+__all__ = ["Signature", "alive", "by_value"]
 
 _VALUES = (bool, int, float, str, torch.dtype, torch.device, type(None))
-
-
-def is_static(t: torch.Tensor) -> bool:
-    # The attribute first: isinstance against Parameter's metaclass costs ~10x more, on every replay.
-    return getattr(t, "_dynamo_static_input_type", None) is not None or isinstance(t, torch.nn.Parameter)
 
 
 def by_value(x) -> bool:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from ..target.cache import keep_slots
 from .accept import accept, committed
 from .draft import HeadCache, bonus_entry, draft_candidates, head_entries, node_q
 from .masks import tree_masks
 from .tree import Tree, ancestors, select_tree
 
-__all__ = ["prefill_step", "verify_step", "draft_step", "accept_step", "update_step", "keep_slots"]
+__all__ = ["prefill_step", "verify_step", "draft_step", "accept_step", "update_step"]
 
 
 def _forward(model, cache, kinds, kwarg: str, cap, tokens, q_pos, q_allowed, slot_pos, write, position_ids, **kw):
@@ -60,18 +61,7 @@ def accept_step(tokens, parent, depth_t, logits, q_nodes, u, e, sampler, depth: 
     return accept(Tree(tokens, parent, depth_t), logits, q_nodes, sampler.warpers, [], depth, None, noise=(u, e))
 
 
-def keep_slots(keys: list, values: list, lengths: list, src: torch.Tensor, dst: torch.Tensor,
-               new_len: torch.Tensor) -> None:
-    """In place, per layer: slots dst (K,) <- slots src (B, K) of each row; the write pointer <- new_len."""
-    for t in (*keys, *values):
-        B, h, _, d = t.shape
-        idx = src.to(t.device)[:, None, :, None].expand(B, h, -1, d)
-        t.index_copy_(2, dst.to(t.device), t.gather(2, idx))  # gather first: source and target may overlap
-    for n in lengths:
-        n.copy_(new_len)
-
-
-def update_step(head, keys: list, values: list, lengths: list, target_pos, head_k, head_v, head_pos, cur, root,
+def update_step(head, cache, target_pos, head_k, head_v, head_pos, cur, root,
                 root_pos, root_out, root_logits, tokens, q_pos, feats, accept_len, path, bonus) -> torch.Tensor:
     """After the acceptance: keep the accepted path, extend the head, set the next root, all in place.
 
@@ -85,7 +75,7 @@ def update_step(head, keys: list, values: list, lengths: list, target_pos, head_
     j = torch.arange(path.shape[1], device=path.device)  # (K,)
     advance = accept_len.max() + 1  # () on the device: a host value here would be a sync (and a recompile)
     dst = cur + j  # (K,) slots [cur, cur+K)
-    keep_slots(keys, values, lengths, path + cur, dst, cur + advance)  # the verify wrote node i at slot cur+i
+    keep_slots(cache, path + cur, dst, cur + advance)  # the verify wrote node i at slot cur+i
     target_pos.index_copy_(1, dst, new_pos)
     # The head: entries pairing each kept node's true feature with the next committed token.
     hidden = feats.gather(1, path[:, :, None].expand(-1, -1, feats.shape[-1]))  # (B, K, F)

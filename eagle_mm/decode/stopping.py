@@ -9,47 +9,48 @@ still called on every prefix, in order, so the first prefix that stops is the sa
 """
 from __future__ import annotations
 
-import weakref
+from dataclasses import dataclass
 
 import torch
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
-__all__ = ["first_stop"]
+from ..target.generation import split_criteria
+
+__all__ = ["Stops", "first_stop"]
 
 
-def first_stop(criteria, seq: torch.Tensor, start: int) -> int | None:
-    """seq (1, L): a row's prompt, generated tokens and n = L - start new ones. Returns the first i in [0, n) for
-    which ``criteria`` stop on ``seq[:, :start + i + 1]`` (as generate() would see it), or None."""
+@dataclass(frozen=True)
+class Stops:
+    """One call's stopping criteria, sorted once by how they answer (``split_criteria``)."""
+
+    max_length: int | None  # the smallest length limit, or None
+    eos: torch.Tensor | None  # (E,) every EOS id, on the host, or None
+    timers: tuple  # time limits: they stop every row now, or none
+    others: tuple  # asked on every prefix
+
+    @classmethod
+    def of(cls, criteria) -> "Stops":
+        """Sort ``criteria``; generate() keeps the EOS ids on the model's device: they are copied to the host here,
+        once per call (a copy on every cycle would wait for the work queued on that device)."""
+        lengths, eos, timers, others = split_criteria(criteria)
+        ids = torch.cat([e.flatten().cpu() for e in eos]) if eos else None
+        return cls(min(lengths, default=None), ids, tuple(timers), tuple(others))
+
+
+def first_stop(stops: Stops, seq: torch.Tensor, start: int) -> int | None:
+    """seq (1, L) on the host: a row's prompt, generated tokens and n = L - start new ones. Returns the first i in
+    [0, n) for which the criteria stop on ``seq[:, :start + i + 1]`` (as generate() would see it), or None."""
     n = seq.shape[1] - start
     stop = n  # the earliest stop found so far (n: none)
-    others = []
-    for c in criteria or ():
-        kind = type(c)  # exact types: a subclass may answer differently
-        if kind is MaxLengthCriteria:  # fires once the length reaches max_length
-            stop = min(stop, max(0, c.max_length - start - 1))
-        elif kind is EosTokenCriteria:  # fires on an EOS token as the last one
-            hit = torch.isin(seq[0, start:start + stop], _eos_ids(c, seq.device)).nonzero()
-            if hit.numel():
-                stop = int(hit[0])
-        elif kind is MaxTimeCriteria:  # the clock does not depend on the tokens: now for all, or for none
-            if bool(c(seq, None).any()):
-                stop = 0
-        else:
-            others.append(c)
-    for i in range(stop if others else 0):
+    if stops.max_length is not None:  # fires once the length reaches max_length
+        stop = min(stop, max(0, stops.max_length - start - 1))
+    if stops.eos is not None:  # fires on an EOS token as the last one
+        hit = torch.isin(seq[0, start:start + stop], stops.eos).nonzero()
+        if hit.numel():
+            stop = int(hit[0])
+    if any(bool(c(seq, None).any()) for c in stops.timers):  # the clock does not depend on the tokens
+        stop = 0
+    for i in range(stop if stops.others else 0):
         prefix = seq[:, : start + i + 1]
-        if any(bool(c(prefix, None).any()) for c in others):
+        if any(bool(c(prefix, None).any()) for c in stops.others):
             return i
     return stop if stop < n else None
-
-
-_EOS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _eos_ids(criterion, device: torch.device) -> torch.Tensor:
-    """The criterion's EOS ids on ``device``, copied once per criterion: generate() keeps them on the model's GPU,
-    and a copy to the host on every cycle would wait for the work queued on that GPU (the next draft)."""
-    ids = _EOS.get(criterion)
-    if ids is None or ids.device != device:
-        ids = _EOS[criterion] = criterion.eos_token_id.to(device)
-    return ids

@@ -71,7 +71,7 @@ def _config_dict(head: DraftHead, target_config) -> dict:
     text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
     target_positions = getattr(text, "max_position_embeddings", None) or 0
     layer["max_position_embeddings"] = max(cfg.max_position_embeddings, target_positions)
-    verifier = {"name_or_path": getattr(target_config, "_name_or_path", None) or None,
+    verifier = {"name_or_path": getattr(target_config, "name_or_path", None) or None,
                 "architectures": list(getattr(target_config, "architectures", None) or ["LlamaForCausalLM"])}
     out = {
         "architectures": _ARCHITECTURES[kind],

@@ -5,6 +5,8 @@ import os
 
 import torch
 
+from ..target.accelerate import drop_other_precision
+
 __all__ = ["make_accelerator"]
 
 
@@ -14,13 +16,8 @@ def make_accelerator(mixed_precision: str = "no"):
     (accelerate picks its CPU backend only when asked, and would otherwise let each process train alone.)
     """
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
 
-    state = AcceleratorState._shared_state
-    if state and state.get("_mixed_precision", mixed_precision) != mixed_precision:
-        # An earlier run in this process fixed another precision in accelerate's process-wide state; drop
-        # that part (the process group stays) so that a second train() call can pick its own.
-        AcceleratorState._reset_state()
+    drop_other_precision(mixed_precision)  # an earlier train() call in this process may have fixed another
     world = int(os.environ.get("WORLD_SIZE", "1"))
     acc = Accelerator(mixed_precision=mixed_precision, cpu=world > 1 and not torch.cuda.is_available())
     if acc.num_processes != world:

@@ -210,8 +210,8 @@ def pretrain(cfg: PretrainConfig, train_stream: torch.Tensor, val_stream: torch.
     device = torch.device(device)
     torch.manual_seed(cfg.seed)
     config = cfg.shape.llama_config(vocab_size, eos_token_id=eot_id, bos_token_id=eot_id, pad_token_id=eot_id)
-    config._attn_implementation = "sdpa"
     model = LlamaForCausalLM(config).to(device).train()
+    model.set_attn_implementation("sdpa")
     model.generation_config.pad_token_id = eot_id
     optimizer = _optimizer(model, cfg, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, cfg))

@@ -137,8 +137,8 @@ def make_model(shape: VLMShape, tokenizer):
     config = LlavaConfig(text_config=text, vision_config=vision, image_seq_length=shape.image_tokens,
                          image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN), vision_feature_layer=-1,
                          vision_feature_select_strategy="default", tie_word_embeddings=True)
-    config._attn_implementation = "sdpa"
     model = LlavaForConditionalGeneration(config)
+    model.set_attn_implementation("sdpa")
     model.generation_config.update(pad_token_id=eot, eos_token_id=eot, bos_token_id=eot)
     return model
 
