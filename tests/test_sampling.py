@@ -12,7 +12,8 @@ import eagle_mm as em
 from eagle_mm.decode import sampling
 from eagle_mm.kernels import reference
 from eagle_mm.decode.sampling import sample_children, sibling_scores, tree_rejection_sample
-from eagle_mm.decode.tree import Tree, path_indices, select_tree
+from eagle_mm.decode.tree import Tree, select_tree
+from eagle_mm.kernels.reference import path_indices
 from tests.tiny import tiny_model
 
 B = 40_000  # trials per statistical check
@@ -140,7 +141,7 @@ def _first3(lm: ToyLM, k: int, width: int, total: int, seed: int, rank=sibling_s
     for _ in range(3):  # every cycle emits at least one token
         tree, node_id = _grow(lm, root_id, k, depth, width, total, gen, rank)
         accept_len, best, bonus = tree_rejection_sample(tree, lm.p[node_id], lm.q[node_id], gen)
-        path = path_indices(tree, best, depth)  # (B, depth+1)
+        path = path_indices(tree.parent, tree.depth, best, depth)  # (B, depth+1)
         new = torch.cat((tree.tokens.gather(1, path[:, 1:]), bonus[:, None]), 1)  # (B, depth+1)
         col = torch.arange(depth + 1)[None]
         new = torch.where(col == accept_len[:, None], bonus[:, None], new)  # accepted tokens, then bonus

@@ -122,9 +122,9 @@ def test_fallback_sampled_sequences_follow_target_distribution():
 def _wrong_rule(tree, p, q, generator=None):
     """Accept a node whenever it is the target's most likely token (ignores p's shape): a classic mistake."""
     target_next = p.argmax(-1)
-    from eagle_mm.decode.tree import greedy_accept
+    from eagle_mm.kernels.reference import greedy_accept
 
-    accept_len, best = greedy_accept(tree, target_next, int(tree.depth.max()))
+    accept_len, best = greedy_accept(tree.tokens, tree.parent, tree.depth, target_next, int(tree.depth.max()))
     bonus = torch.multinomial(p.gather(1, best[:, None, None].expand(-1, 1, p.shape[-1])).squeeze(1), 1,
                               generator=generator).squeeze(1)
     return accept_len, best, bonus

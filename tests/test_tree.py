@@ -9,7 +9,8 @@ import torch
 
 import eagle_mm as em
 from eagle_mm.decode.draft import draft_tree, extend_head
-from eagle_mm.decode.tree import Tree, ancestors, greedy_accept, path_indices, select_tree
+from eagle_mm.decode.tree import Tree, ancestors, select_tree
+from eagle_mm.kernels.reference import greedy_accept, path_indices
 from tests.tiny import tiny_model
 
 # A hand-built tree, root at 0:      0
@@ -173,6 +174,10 @@ def test_ancestors_batch_rows_differ():
 
 
 # ---- greedy_accept ---------------------------------------------------------------------------------
+def _nodes(tree: Tree):
+    return tree.tokens, tree.parent, tree.depth
+
+
 def _target_after(choices: dict[int, int], fill: int = 99) -> torch.Tensor:
     """The target's greedy token after each node: ``choices[node]``, else a token no node carries."""
     t = torch.full((7,), fill)
@@ -182,42 +187,42 @@ def _target_after(choices: dict[int, int], fill: int = 99) -> torch.Tensor:
 
 
 def test_greedy_accept_nothing():
-    acc, best = greedy_accept(_tree(), _target_after({})[None], max_depth=3)
+    acc, best = greedy_accept(*_nodes(_tree()), _target_after({})[None], max_depth=3)
     assert acc.tolist() == [0] and best.tolist() == [0]
 
 
 def test_greedy_accept_full_path():
     target = _target_after({0: 10, 1: 20, 3: 30})
-    acc, best = greedy_accept(_tree(), target[None], max_depth=3)
+    acc, best = greedy_accept(*_nodes(_tree()), target[None], max_depth=3)
     assert acc.tolist() == [3] and best.tolist() == [6]
 
 
 def test_greedy_accept_branch_when_sibling_rejected():
     # Root -> 2 (token 11) accepted, its sibling 1 not; then 5 (22).
     target = _target_after({0: 11, 2: 22, 1: 20, 3: 30})
-    acc, best = greedy_accept(_tree(), target[None], max_depth=3)
+    acc, best = greedy_accept(*_nodes(_tree()), target[None], max_depth=3)
     assert acc.tolist() == [2] and best.tolist() == [5]
     # Root -> 1 accepted, then the second child 4 (21) rather than the first child 3.
     target = _target_after({0: 10, 1: 21, 3: 30})
-    acc, best = greedy_accept(_tree(), target[None], max_depth=3)
+    acc, best = greedy_accept(*_nodes(_tree()), target[None], max_depth=3)
     assert acc.tolist() == [2] and best.tolist() == [4]
 
 
 def test_greedy_accept_needs_the_whole_ancestry():
     # Node 6 matches its parent's choice, but its parent 3 does not match node 1's choice.
     target = _target_after({0: 10, 1: 21, 3: 30})
-    acc, best = greedy_accept(_tree(), target[None], max_depth=3)
+    acc, best = greedy_accept(*_nodes(_tree()), target[None], max_depth=3)
     assert best.tolist() == [4]
     # Node 3 matches node 1's choice, but node 1 is not the root's choice: nothing.
     target = _target_after({0: 77, 1: 20, 3: 30})
-    acc, best = greedy_accept(_tree(), target[None], max_depth=3)
+    acc, best = greedy_accept(*_nodes(_tree()), target[None], max_depth=3)
     assert acc.tolist() == [0] and best.tolist() == [0]
 
 
 def test_greedy_accept_rows_differ():
     target = torch.stack((_target_after({0: 10, 1: 20, 3: 30}), _target_after({}),
                           _target_after({0: 11, 2: 22}), _target_after({0: 10, 1: 21})))
-    acc, best = greedy_accept(_tree(4), target, max_depth=3)
+    acc, best = greedy_accept(*_nodes(_tree(4)), target, max_depth=3)
     assert acc.tolist() == [3, 0, 2, 2]
     assert best.tolist() == [6, 0, 5, 4]
 
@@ -228,7 +233,7 @@ def test_greedy_accept_matches_brute_force_on_random_trees():
     g = torch.Generator().manual_seed(0)
     for _ in range(20):
         target = torch.randint(0, 4, tree.tokens.shape, generator=g)
-        acc, best = greedy_accept(tree, target, max_depth=4)
+        acc, best = greedy_accept(*_nodes(tree), target, max_depth=4)
         for b in range(6):
             ok = {0}
             for i in range(1, tree.size):  # parents come first
@@ -244,12 +249,12 @@ def test_greedy_accept_matches_brute_force_on_random_trees():
 @pytest.mark.parametrize("best,want", [(6, [0, 1, 3, 6, 6, 6]), (4, [0, 1, 4, 4, 4, 4]), (5, [0, 2, 5, 5, 5, 5]),
                                        (2, [0, 2, 2, 2, 2, 2]), (0, [0, 0, 0, 0, 0, 0])])
 def test_path_indices_root_to_best_then_repeats_best(best, want):
-    path = path_indices(_tree(), torch.tensor([best]), max_depth=5)
+    path = path_indices(*_nodes(_tree())[1:], torch.tensor([best]), max_depth=5)
     assert path.tolist() == [want]
 
 
 def test_path_indices_rows_differ_and_exact_depth():
-    path = path_indices(_tree(3), torch.tensor([6, 5, 0]), max_depth=3)
+    path = path_indices(*_nodes(_tree(3))[1:], torch.tensor([6, 5, 0]), max_depth=3)
     assert path.tolist() == [[0, 1, 3, 6], [0, 2, 5, 5], [0, 0, 0, 0]]
 
 

@@ -1,9 +1,9 @@
 """Draw docs/assets/tree.png: a small EAGLE-2 draft tree and the attention mask that verifies it.
 
 The tree is not drawn by hand: the candidates below go through the library's own
-``eagle_mm.decode.tree.select_tree`` (global rerank), ``ancestors`` (mask) and ``greedy_accept``, so the
-picture shows what the code does. Run from the repository root, with the package and matplotlib
-installed (``pip install -e ".[docs]"``), and commit the PNG:
+``eagle_mm.decode.tree.select_tree`` (global rerank), ``ancestors`` (mask) and
+``eagle_mm.kernels.reference.greedy_accept``, so the picture shows what the code does. Run from the repository
+root, with the package and matplotlib installed (``pip install -e ".[docs]"``), and commit the PNG:
 
     python docs/assets/make_tree_figure.py
 """
@@ -18,7 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
 
-from eagle_mm.decode.tree import ancestors, greedy_accept, select_tree  # noqa: E402
+from eagle_mm.decode.tree import ancestors, select_tree  # noqa: E402
+from eagle_mm.kernels.reference import greedy_accept  # noqa: E402
 
 OUT = Path(__file__).with_name("tree.png")
 DEPTH, TOP_K, TOTAL = 3, 2, 5  # TreeConfig(depth=3, top_k=2, total_tokens=5)
@@ -110,7 +111,7 @@ def main() -> None:
     words = [vocab[t] for t in tree.tokens[0].tolist()]  # root first, then kept nodes in creation order
     kept = tree.source[0, 1:].tolist()  # candidate index of each kept node
     target = torch.tensor([[ids[TARGET_NEXT[w]] for w in words]])  # (1, N+1) target argmax after each node
-    accept_len, best = greedy_accept(tree, target, DEPTH)
+    accept_len, best = greedy_accept(tree.tokens, tree.parent, tree.depth, target, DEPTH)
     path, node = set(), int(best)
     while node:
         path.add(kept[node - 1])

@@ -3,39 +3,37 @@
 Greedy: the target's argmax at every node, matched against each child; the deepest node whose whole path
 matches wins (``kernels.verify_greedy``: the Triton kernel on CUDA, the torch reference elsewhere). Sampling:
 recursive rejection sampling from the target's processed distribution (``sampling.tree_rejection_sample_scores``).
-Both return the same three things, and ``committed`` turns them into what both storages write.
+Both read the target's processed scores (the processors run before, in their own step: ``processors.py``) and
+return the same three things, and ``committed`` turns them into what the storage writes.
 """
 from __future__ import annotations
 
 import torch
 
 from ..kernels import verify_greedy
-from .processors import process_tree_logits
+from ..kernels.reference import path_indices
 from .sampling import tree_rejection_sample_scores
-from .tree import Tree, path_indices
+from .tree import Tree
 
 __all__ = ["accept", "committed"]
 
 
-def accept(tree: Tree, logits: torch.Tensor, q_nodes: torch.Tensor | None, processors, rows: list, depth: int,
-           generator: torch.Generator | None, noise=None):
-    """(accept_len (B,), path (B, D+1), bonus (B, 1), scores (B, N+1, V)) for the target's logits (B, N+1, V) at
-    the tree's nodes; ``scores`` are the processed logits the acceptance read.
+def accept(tree: Tree, scores: torch.Tensor, q_nodes: torch.Tensor | None, depth: int,
+           generator: torch.Generator | None = None, noise=None):
+    """(accept_len (B,), path (B, D+1), bonus (B, 1)) for the target's processed scores (B, N+1, V) at the tree's
+    nodes (``processors.process_tree_logits``; greedy without processors: the logits themselves).
 
     ``q_nodes`` (B, N+1, V): the draft distribution each node's children were drawn from (sampling), or None
-    (greedy). ``rows``: each row's sequence so far, or its length, for processors that read them (else empty;
-    see ``process_tree_logits``). ``noise``: sampling's (u, e), drawn already (``sampling.walk_noise``), or None
-    to draw them from ``generator``.
+    (greedy). ``noise``: sampling's (u, e), drawn already (``sampling.walk_noise``), or None to draw them from
+    ``generator``.
     """
     if q_nodes is None:
-        scores = process_tree_logits(processors, rows, tree, logits, depth) if processors else logits
         accept_len, _, bonus, path = verify_greedy(scores, tree.tokens, tree.parent, tree.depth, depth,
                                                    with_path=True)
     else:
-        scores = process_tree_logits(processors, rows, tree, logits, depth)  # (B, N+1, V) fp32
         accept_len, best, bonus = tree_rejection_sample_scores(tree, scores, q_nodes, generator, noise=noise)
-        path = path_indices(tree, best, depth)  # (B, D+1)
-    return accept_len, path, bonus[:, None], scores
+        path = path_indices(tree.parent, tree.depth, best, depth)  # (B, D+1)
+    return accept_len, path, bonus[:, None]
 
 
 def committed(tokens: torch.Tensor, q_pos: torch.Tensor, accept_len: torch.Tensor, path: torch.Tensor,

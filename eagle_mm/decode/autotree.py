@@ -46,7 +46,8 @@ from ..config import TreeConfig
 from .draft import HeadCache, draft_candidates, extend_head
 from .options import default_tree
 from ..target.features import FeatureCapture
-from .tree import greedy_accept, select_tree
+from .tree import select_tree
+from ..kernels.reference import greedy_accept
 # The device-cost half of tree="auto" lives in autotree_costs; its public names stay importable from here.
 from .autotree_costs import (SIZES, TOP_KS, TOTALS, DeviceCosts, _timings, measure_costs, measure_draft_cost,
                              measure_loop_overhead, measure_verify_cost)
@@ -98,7 +99,7 @@ class Replay:
         drafted = select_tree(self.root, c.tokens[:, :m], c.parent[:, :m], c.depth[:m], c.score[:, :m],
                               tree.total_tokens)
         target = self.ahead.gather(1, drafted.depth)  # (R, N+1); only nodes on the right path matter
-        return greedy_accept(drafted, target, tree.depth)[0]
+        return greedy_accept(drafted.tokens, drafted.parent, drafted.depth, target, tree.depth)[0]
 
     def mean_accept_length(self, tree: TreeConfig) -> float:
         """Tokens per cycle (bonus included) over the cycles ``speculative_generate`` runs on each prompt."""

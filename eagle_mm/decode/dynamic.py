@@ -20,6 +20,7 @@ import torch
 
 from ..target.compat import cache_kwarg, output_cache
 from .accept import accept, committed
+from .processors import process_tree_logits
 from .draft import HeadCache, bonus_entry, draft_tree, extend_head, scratch_slots
 from .masks import layer_kinds, tree_masks
 from .sampling import draft_noise
@@ -162,7 +163,9 @@ class DynamicStorage:
         return logits, cap.features()
 
     def accept(self, tree: Tree, logits, q_nodes, processors, rows: list, depth: int, generator):
-        return accept(tree, logits, q_nodes, processors, rows, depth, generator)
+        scores = process_tree_logits(processors, rows, tree, logits, depth) if processors or q_nodes is not None \
+            else logits
+        return (*accept(tree, scores, q_nodes, depth, generator), scores)
 
     def update(self, tokens, q_pos, feats, accept_len, path, bonus) -> torch.Tensor:
         new_tok, new_pos = committed(tokens, q_pos, accept_len, path, bonus)  # (B, D+1) each

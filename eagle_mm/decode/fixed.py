@@ -35,7 +35,7 @@ from .draft import HeadCache, scratch_slots
 from .graphs import CUDA_GRAPH_MODES, OwnGraph, nothing_to_undo, setup_seconds, wrapped
 from .masks import LayerKind
 from .rows import move_rows
-from .processors import reads_input_ids
+from .processors import process_tree_logits, reads_input_ids
 from .sampling import draft_noise, walk_noise
 from .steps import accept_step, draft_step, prefill_step, update_step, verify_step
 from .tree import Tree
@@ -307,7 +307,9 @@ class FixedStorage:
         """``accept.accept``; sampling with input-free warpers only, as ``accept_step`` (its noise drawn first, outside
         the step, from the call's generator), which the engine captures like its other steps."""
         if q_nodes is None or reads_input_ids(processors):
-            return accept(tree, logits, q_nodes, processors, rows, depth, generator)
+            scores = process_tree_logits(processors, rows, tree, logits, depth) if processors or q_nodes is not None \
+                else logits
+            return (*accept(tree, scores, q_nodes, depth, generator), scores)
         b = self.buf
         walk_noise(b.u, b.e, generator)
         return _run(self._accept, nothing_to_undo, tree.tokens, tree.parent, tree.depth, logits, q_nodes, b.u, b.e,

@@ -119,7 +119,7 @@ def tree_rejection_sample(tree: Tree, p: torch.Tensor, q: torch.Tensor, generato
     target's processed distribution after each node; q (B, N+1, V): the draft distribution each node's
     children were drawn from (rows of nodes without children are not read). Returns accept_len (B,)
     (draft tokens accepted), best (B,) (index of the last accepted node, 0 = root) and bonus (B,) (the
-    token after it, drawn from the residual target), as ``tree.greedy_accept`` plus the bonus.
+    token after it, drawn from the residual target), as ``kernels.reference.greedy_accept`` plus the bonus.
     """
     tokens, parent = tree.tokens, tree.parent
     B, n = tokens.shape

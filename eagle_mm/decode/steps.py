@@ -11,6 +11,7 @@ import torch
 
 from ..target.cache import keep_slots
 from .accept import accept, committed
+from .processors import apply_input_free
 from .draft import HeadCache, bonus_entry, draft_candidates, head_entries, node_q
 from .masks import tree_masks
 from .tree import Tree, ancestors, select_tree
@@ -56,9 +57,11 @@ def draft_step(head, head_k, head_v, head_pos, root, root_pos, root_out, root_lo
 
 
 def accept_step(tokens, parent, depth_t, logits, q_nodes, u, e, sampler, depth: int):
-    """The sampled acceptance of ``accept.accept`` with its noise (u, e) given and the processors being the sampler's
-    input-free warpers (the same settings as the call's): (accept_len (B,), path (B, D+1), bonus (B, 1), scores)."""
-    return accept(Tree(tokens, parent, depth_t), logits, q_nodes, sampler.warpers, [], depth, None, noise=(u, e))
+    """The sampled acceptance with its noise (u, e) given, after the sampler's input-free warpers (the same settings
+    as the call's processors): (accept_len (B,), path (B, D+1), bonus (B, 1), scores (B, Q, V) fp32)."""
+    B, Q, V = logits.shape
+    scores = apply_input_free(sampler.warpers, logits.float().reshape(B * Q, V)).reshape(B, Q, V)
+    return (*accept(Tree(tokens, parent, depth_t), scores, q_nodes, depth, noise=(u, e)), scores)
 
 
 def update_step(head, cache, target_pos, head_k, head_v, head_pos, cur, root,

@@ -1,4 +1,5 @@
-"""Pure tensor functions for draft trees: global rerank, ancestry, masks' tree part, greedy acceptance.
+"""Pure tensor functions for draft trees: the global rerank and ancestry (greedy acceptance, the oracle the kernels
+match, is ``eagle_mm.kernels.reference.greedy_accept``).
 
 A tree of N draft nodes is stored with its root (the last accepted token) at index 0:
   tokens (B, N+1), parent (B, N+1) (parent[:, 0] = 0, parent[i] < i), depth (B, N+1) (depth[:, 0] = 0).
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Tree", "select_tree", "ancestors", "greedy_accept", "path_indices"]
+__all__ = ["Tree", "select_tree", "ancestors"]
 
 
 @dataclass
@@ -63,34 +64,3 @@ def ancestors(parent: torch.Tensor, max_depth: int) -> torch.Tensor:
         cur = parent.gather(1, cur)
         anc.scatter_(2, cur.unsqueeze(-1), True)
     return anc
-
-
-def greedy_accept(tree: Tree, target_tokens: torch.Tensor, max_depth: int):
-    """Longest path whose every node equals the target's argmax at its parent.
-
-    target_tokens (B, N+1): the target's greedy choice after each node. Returns accept_len (B,) (draft
-    tokens accepted, 0..max_depth) and best (B,) the index of the last accepted node (0 = root).
-    """
-    ok = tree.tokens == target_tokens.gather(1, tree.parent)  # (B, N+1) node matches its parent's choice
-    ok[:, 0] = True
-    for _ in range(max_depth):  # a node is accepted only if its whole ancestry is
-        ok = ok & ok.gather(1, tree.parent)
-    # Siblings carry distinct tokens, so at most one node per depth is accepted: the deepest wins.
-    score = torch.where(ok, tree.depth, torch.full_like(tree.depth, -1))
-    best = score.argmax(dim=1)
-    return tree.depth.gather(1, best[:, None]).squeeze(1), best
-
-
-def path_indices(tree: Tree, best: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """Node indices from the root to ``best``: (B, max_depth+1), position j holds the node at depth j,
-    padded past the path's end by repeating ``best`` (callers mask with the accept length)."""
-    B = best.shape[0]
-    cols = [best]
-    for _ in range(max_depth):
-        cols.append(tree.parent.gather(1, cols[-1][:, None]).squeeze(1))
-    up = torch.stack(cols[::-1], dim=1)  # (B, max_depth+1): ..., grandparent, parent, best
-    # Right-align the path at depth(best): the node at depth j sits at column max_depth - depth(best) + j.
-    d = tree.depth.gather(1, best[:, None])  # (B, 1)
-    j = torch.arange(max_depth + 1, device=best.device).expand(B, -1)
-    src = (max_depth - d + j).clamp(max=max_depth)
-    return up.gather(1, src)

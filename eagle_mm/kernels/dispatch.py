@@ -97,7 +97,7 @@ def verify_greedy(logits: torch.Tensor, tree_tokens: torch.Tensor, parent: torch
     logits (B, N+1, V) fp16/bf16/fp32, root first; tree_tokens, parent, depth (B, N+1) integer, as in
     `eagle_mm.decode.tree.Tree` (0 <= parent[i] <= N, parents before children, depth <= max_depth; not
     checked: checking would read the device). Returns int64 (B,) tensors (accept_len, best, bonus),
-    plus path (B, max_depth+1) as `eagle_mm.decode.tree.path_indices` gives when ``with_path``. Equal, bit for
+    plus path (B, max_depth+1) as `reference.path_indices` gives when ``with_path``. Equal, bit for
     bit, to torch: target = logits.argmax(-1), `greedy_accept`, bonus = target[best]. No host sync; the
     kernel keeps no state between calls.
     """

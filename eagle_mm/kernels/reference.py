@@ -3,9 +3,40 @@ from __future__ import annotations
 
 import torch
 
-from ..decode.tree import Tree, greedy_accept, path_indices
+__all__ = ["verify_greedy_reference", "greedy_accept", "path_indices", "rejection_walk"]
 
-__all__ = ["verify_greedy_reference", "rejection_walk"]
+
+def greedy_accept(tokens: torch.Tensor, parent: torch.Tensor, depth: torch.Tensor, target_tokens: torch.Tensor,
+                  max_depth: int):
+    """Longest path whose every node equals the target's argmax at its parent.
+
+    tokens, parent, depth (B, N+1): the tree as ``eagle_mm.decode.tree.Tree`` holds it; target_tokens (B, N+1): the
+    target's greedy choice after each node. Returns accept_len (B,) (draft tokens accepted, 0..max_depth) and best
+    (B,) the index of the last accepted node (0 = root).
+    """
+    ok = tokens == target_tokens.gather(1, parent)  # (B, N+1) node matches its parent's choice
+    ok[:, 0] = True
+    for _ in range(max_depth):  # a node is accepted only if its whole ancestry is
+        ok = ok & ok.gather(1, parent)
+    # Siblings carry distinct tokens, so at most one node per depth is accepted: the deepest wins.
+    score = torch.where(ok, depth, torch.full_like(depth, -1))
+    best = score.argmax(dim=1)
+    return depth.gather(1, best[:, None]).squeeze(1), best
+
+
+def path_indices(parent: torch.Tensor, depth: torch.Tensor, best: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """Node indices from the root to ``best`` (B,): (B, max_depth+1), position j holds the node at depth j,
+    padded past the path's end by repeating ``best`` (callers mask with the accept length)."""
+    B = best.shape[0]
+    cols = [best]
+    for _ in range(max_depth):
+        cols.append(parent.gather(1, cols[-1][:, None]).squeeze(1))
+    up = torch.stack(cols[::-1], dim=1)  # (B, max_depth+1): ..., grandparent, parent, best
+    # Right-align the path at depth(best): the node at depth j sits at column max_depth - depth(best) + j.
+    d = depth.gather(1, best[:, None])  # (B, 1)
+    j = torch.arange(max_depth + 1, device=best.device).expand(B, -1)
+    src = (max_depth - d + j).clamp(max=max_depth)
+    return up.gather(1, src)
 
 
 def verify_greedy_reference(logits: torch.Tensor, tree_tokens: torch.Tensor, parent: torch.Tensor,
@@ -17,10 +48,9 @@ def verify_greedy_reference(logits: torch.Tensor, tree_tokens: torch.Tensor, par
     = target at best; path (B, max_depth+1) as `path_indices`. All int64.
     """
     target = logits.argmax(-1)  # (B, N+1)
-    tree = Tree(tokens=tree_tokens, parent=parent, depth=depth)
-    accept_len, best = greedy_accept(tree, target, max_depth)
+    accept_len, best = greedy_accept(tree_tokens, parent, depth, target, max_depth)
     bonus = target.gather(1, best[:, None]).squeeze(1)  # (B,)
-    path = path_indices(tree, best, max_depth) if with_path else None
+    path = path_indices(parent, depth, best, max_depth) if with_path else None
     return accept_len.long(), best, bonus, path, target
 
 
