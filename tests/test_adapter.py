@@ -36,6 +36,7 @@ STDLIB = {"_SubParsersAction"}  # argparse's type of add_subparsers()' result
 # Files that still read private names until they move behind the adapter.
 NOT_YET = {"decode/compiled.py", "decode/dynamic.py"}
 
+_ATTRIBUTE_CALLS = ("getattr", "hasattr", "setattr", "delattr")
 _PRIVATE_MODULE = re.compile(r"^(torch|transformers|accelerate)(\.\w+)*\._[a-z]")
 
 
@@ -63,7 +64,8 @@ def _own_names() -> set[str]:
 
 
 def _names_used(path: Path) -> list[tuple[int, str]]:
-    """(line, name) of every attribute read, name, string constant and imported module in ``path``."""
+    """(line, name) of every attribute, name, attribute named in getattr() and the like, listed private name in a
+    string, and imported module in ``path``."""
     used = []
     tree = ast.parse(path.read_text())
     in_fstrings = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
@@ -74,7 +76,11 @@ def _names_used(path: Path) -> list[tuple[int, str]]:
             used.append((node.lineno, node.attr))
         elif isinstance(node, ast.Name):
             used.append((node.lineno, node.id))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in _ATTRIBUTE_CALLS and len(node.args) > 1:
+            name = node.args[1]  # getattr(obj, "_name"): an attribute read by its name
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                used.append((node.lineno, name.value))
+        elif isinstance(node, ast.Constant) and node.value in PRIVATE:
             used.append((node.lineno, node.value))
         elif isinstance(node, ast.ImportFrom) and node.module:
             used.append((node.lineno, node.module))

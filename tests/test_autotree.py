@@ -7,7 +7,7 @@ import torch
 import eagle_mm as em
 from eagle_mm.decode.autotree import (AutoTreeResult, DeviceCosts, _draft_candidates, calibrate, choose_tree, default_grid,
                                measure_draft_cost, measure_verify_cost, rank_trees)
-from eagle_mm.decode.draft import draft_tree, extend_head
+from eagle_mm.decode.draft import draft_tree, head_cache
 from eagle_mm.decode.tree import select_tree
 from tests.doubles import ForcedHead
 from tests.tiny import prompt, tiny_model
@@ -85,7 +85,7 @@ def test_candidates_rerank_to_draft_tree(model, kind):
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, 96, (B, L), generator=g)
     pos = torch.arange(L).expand(B, L).masked_fill(torch.tensor([[True] * 3 + [False] * (L - 3), [False] * L]), -1)
-    cache, out, logits = extend_head(head, None, torch.randn(B, L, F, generator=g), tokens, pos)
+    cache, out, logits = head_cache(head, torch.randn(B, L, F, generator=g), tokens, pos)
     root, root_pos = tokens[:, -1], pos[:, -1] + 1
     for k in (1, 3, 5):
         cands = _draft_candidates(head, cache, out[:, -1], logits[:, -1], root_pos, k, 5)

@@ -33,8 +33,7 @@ def _forced(model, kind, ids, mask, n_new, error_rate, seed=0):
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-@pytest.mark.parametrize("storage", [None, "dynamic"], ids=["engine", "fallback"])
-def test_greedy_batch_equals_generate(family, storage):
+def test_greedy_batch_equals_generate(family):
     model = tiny_model(family)
     ids, mask = _batch()
     n_new = 24
@@ -43,9 +42,9 @@ def test_greedy_batch_equals_generate(family, storage):
                              ("eagle", 0.35, em.TreeConfig.chain(4))]:
         head = _forced(model, kind, ids, mask, n_new, rate, seed=len(family))
         out = em.speculative_generate(model, head, input_ids=ids, attention_mask=mask, max_new_tokens=n_new,
-                                      tree=tree, return_dict_in_generate=True, cache_implementation=storage)
+                                      tree=tree, return_dict_in_generate=True)
         assert torch.equal(out.sequences, ref), (family, kind)
-        assert out.stats.mean_accept_length > 1.5 and out.stats.engine == ("dynamic" if storage else "fixed")
+        assert out.stats.mean_accept_length > 1.5
 
 
 @pytest.mark.compat
@@ -63,9 +62,8 @@ def test_rows_finish_at_different_times_like_generate():
 
 
 @pytest.mark.compat
-@pytest.mark.parametrize("storage", [None, "dynamic"], ids=["engine", "fallback"])
 @pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled-top1"])
-def test_finished_rows_stop_costing(storage, do_sample):
+def test_finished_rows_stop_costing(do_sample):
     """Rows that stop early leave the batch: later verify forwards run on the live rows only (the engine's eager
     CPU run shrinks to them exactly), and the tokens stay generate()'s. ``top_k=1`` sampling is greedy's tokens
     through the sampling path (its proposal and rejection buffers move with their rows)."""
@@ -84,7 +82,7 @@ def test_finished_rows_stop_costing(storage, do_sample):
     try:
         out = em.speculative_generate(model, head, input_ids=ids, attention_mask=mask, max_new_tokens=30,
                                       tree=em.TreeConfig(depth=4, top_k=2, total_tokens=6), do_sample=do_sample,
-                                      top_k=1, cache_implementation=storage, return_dict_in_generate=True)
+                                      top_k=1, return_dict_in_generate=True)
     finally:
         hook.remove()
     assert torch.equal(out.sequences, ref)
@@ -103,7 +101,7 @@ def test_random_head_batch_with_default_tree():
 
 
 def test_plan_keeps_live_rows_first():
-    from eagle_mm.decode.rows import plan
+    from eagle_mm.decode.storage import plan
 
     fin = [True, False, False, True, False, True, True, True]
     assert plan(list(range(8)), fin, powers_of_two=False) == [1, 2, 4]

@@ -1,5 +1,5 @@
-"""The engine (the default; fixed buffers and shapes) gives generate()'s greedy tokens, on 5.17 too, and the
-fallback (cache_implementation="dynamic") the same tokens and acceptance.
+"""The engine (fixed buffers and shapes, the one storage) gives generate()'s greedy tokens, on 5.17 too, whichever
+way its steps run (eager, captured, compiled); its state lives on the decoder of (model, head, device).
 
 The compiled engine runs on the CPU with inductor (no CUDA graphs there): same tokens, each of the cycle's steps
 compiled once, and every input they write in place of static address, which is what CUDA graphs need. CUDA graphs
@@ -48,9 +48,6 @@ def test_static_equals_generate(family, tree):
     assert out.stats.engine == "fixed"
     assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]])
     assert out.stats.mean_accept_length > 1.5  # the forced head gets accepted: kept paths were exercised
-    dyn = _run(model, head, ids, mask, 24, tree, cache_implementation="dynamic")
-    assert torch.equal(dyn.sequences, out.sequences)
-    assert out.stats.accept_counts == dyn.stats.accept_counts  # same trees, same acceptance
 
 
 @pytest.mark.compat
@@ -63,27 +60,30 @@ def test_static_batch_with_padding(family):
     mask[1, :3] = 0
     mask[2, :1] = 0
     head, ref = _forced(model, ids, mask, 20, rate=0.3)
-    for storage in ("static", "dynamic"):
-        out = _run(model, head, ids, mask, 20, TREE, cache_implementation=storage)
-        assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]])
-        assert out.sequences.shape[1] == ids.shape[1] + 20
+    out = _run(model, head, ids, mask, 20, TREE)
+    assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]])
+    assert out.sequences.shape[1] == ids.shape[1] + 20
 
 
 def test_static_reuses_cache_between_calls():
-    """A second call of the same shape reuses the cache and the cycle's buffers (what keeps captured graphs valid)."""
-    from eagle_mm.decode.fixed import _BUFFERS, _CACHES
-
+    """A second call of the same shape reuses the decoder's cache and the cycle's buffers (what keeps captured graphs
+    valid); ``close()`` frees them, and the next call makes a new decoder."""
     model = tiny_model("llama")
     ids = prompt(8)
     head, ref = _forced(model, ids, torch.ones_like(ids), 12)
     first = _run(model, head, ids, None, 12, TREE)
-    cache, pos, buf = _CACHES[model].cache, _CACHES[model].pos, _BUFFERS[head][1]
+    dec = em.decoder(model, head)
+    cache, pos, buf = dec.storage.cache, dec.storage.pos, dec.storage.full
     second = _run(model, head, ids, None, 12, TREE)
     shorter = _run(model, head, ids[:, 2:], None, 6, TREE)  # fits: reused too
-    assert _CACHES[model].cache is cache and _CACHES[model].pos is pos and _BUFFERS[head][1] is buf
+    assert em.decoder(model, head) is dec
+    assert dec.storage.cache is cache and dec.storage.pos is pos and dec.storage.full is buf
     assert torch.equal(first.sequences, second.sequences)
     assert torch.equal(first.sequences, ref[:, : first.sequences.shape[1]])
     assert torch.equal(shorter.sequences, model.generate(ids[:, 2:], max_new_tokens=6, do_sample=False))
+    dec.close()
+    assert dec.storage.cache is None and dec.storage.full is None and em.decoder(model, head) is not dec
+    assert torch.equal(_run(model, head, ids, None, 12, TREE).sequences, first.sequences)
 
 
 def test_default_call_takes_the_engine_on_cpu():
@@ -94,8 +94,10 @@ def test_default_call_takes_the_engine_on_cpu():
     assert (out.stats.engine, out.stats.mode) == ("fixed", None)  # eager on a CPU: nothing to compile
     assert out.stats.tree == em.TreeConfig.chain(3)  # the CPU's default tree
     assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]])
-    fallback = _run(model, head, ids, None, 12, TREE, cache_implementation="dynamic")
-    assert fallback.stats.engine == "dynamic"
+    for eager in (dict(cache_implementation="dynamic"), dict(compile=False)):  # requests for eager steps
+        out = _run(model, head, ids, None, 12, TREE, **eager)
+        assert (out.stats.engine, out.stats.mode) == ("fixed", None)
+        assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]])
     sampled = em.speculative_generate(model, head, ids, max_new_tokens=12, do_sample=True, return_dict_in_generate=True)
     assert sampled.stats.tree == em.TreeConfig(depth=2, top_k=2, total_tokens=3)  # sampling on a CPU: shallower
     assert (sampled.stats.engine, sampled.stats.mode) == ("fixed", None)
@@ -115,42 +117,56 @@ def test_gpu_default_trees_draft_shallower_when_sampling():
 
 
 @pytest.mark.parametrize("tree", [CHAIN, TREE], ids=["chain", "tree"])
-def test_sampling_engine_equals_fallback(tree):
-    """Both storages draw the draft's and the verify's noise in the same order from the generator: one seed, the
-    same tokens (the distribution itself is checked in tests/test_sampling_e2e.py)."""
+def test_sampling_repeats_for_one_seed(tree):
+    """The draft's and the verify's noise come from the generator in one order, call after call (the second call
+    reuses the decoder's buffers and its draft sampler): one seed, the same tokens (the distribution itself is
+    checked in tests/test_sampling_e2e.py)."""
     model = tiny_model("llama")
     ids = prompt(8, batch=2, seed=3)
     head = em.Eagle3Head.from_target(model)
     outs = [em.speculative_generate(model, head, ids, max_new_tokens=16, do_sample=True, temperature=0.7, top_p=0.9,
                                     tree=tree, generator=torch.Generator().manual_seed(7), return_dict_in_generate=True,
-                                    cache_implementation=c) for c in (None, "dynamic")]
-    assert outs[0].stats.engine == "fixed" and outs[1].stats.engine == "dynamic"
-    assert torch.equal(outs[0].sequences, outs[1].sequences)
-    assert outs[0].stats.accept_counts == outs[1].stats.accept_counts
+                                    cache_implementation=c) for c in (None, "dynamic", None)]
+    assert all(torch.equal(o.sequences, outs[0].sequences) for o in outs)
+    assert all(o.stats.accept_counts == outs[0].stats.accept_counts for o in outs)
 
 
-def test_fallback_names_its_reason(caplog):
-    """A warper subclass would run inside the engine's draft step: the call falls back, with one logged line."""
+def test_steps_that_cannot_be_captured_run_eagerly_and_say_why(caplog):
+    """A warper subclass would run inside the captured draft step, and a target split over devices cannot be captured
+    on one: where CUDA graphs or a compiler were asked for, the steps run eagerly, with one logged line naming the
+    reason; the call itself runs (on a CPU, eagerly anyway)."""
     from transformers import LogitsProcessorList, TemperatureLogitsWarper
+
+    from eagle_mm.decode.options import choose_mode
 
     class MyTemperature(TemperatureLogitsWarper):
         pass
 
     model = tiny_model("llama")
-    ids = prompt(8)
-    head = em.Eagle3Head.from_target(model)
+    procs = LogitsProcessorList([MyTemperature(0.5)])
+    cuda = torch.device("cuda")  # a device type only: nothing runs on it
     with caplog.at_level(logging.WARNING, logger="eagle_mm.decode.options"):
-        out = em.speculative_generate(model, head, ids, max_new_tokens=8, do_sample=True, tree=TREE,
-                                      logits_processor=LogitsProcessorList([MyTemperature(0.5)]),
-                                      generator=torch.Generator().manual_seed(0), return_dict_in_generate=True)
-    assert out.stats.engine == "dynamic"
-    lines = [r.getMessage() for r in caplog.records if "fallback" in r.getMessage()]
-    assert len(lines) == 1 and "MyTemperature" in lines[0]
+        assert choose_mode(None, None, model, LogitsProcessorList([TemperatureLogitsWarper(0.5)]), device=cuda) \
+            == "graphs"
+        assert choose_mode(None, None, model, procs, device=cuda) is None
+        assert choose_mode(None, True, model, procs, device="cpu") is None
+    lines = [r.getMessage() for r in caplog.records if "eagerly" in r.getMessage()]
+    assert len(lines) == 2 and all("MyTemperature" in line for line in lines)
+    split = tiny_model("llama")
+    split.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 1}
+    with caplog.at_level(logging.WARNING, logger="eagle_mm.decode.options"):
+        assert choose_mode(None, "max-autotune", split, None, device=cuda) is None
+    assert "split over devices ['0', '1']" in caplog.records[-1].getMessage()
+    head = em.Eagle3Head.from_target(model)
+    out = em.speculative_generate(model, head, prompt(8), max_new_tokens=8, do_sample=True, tree=TREE,
+                                  logits_processor=procs, generator=torch.Generator().manual_seed(0),
+                                  return_dict_in_generate=True)
+    assert out.sequences.shape == (1, 16) and out.stats.mode is None
 
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(cache_implementation="offloaded"), "cache_implementation='offloaded'"),
-    (dict(cache_implementation="dynamic", compile=True), "needs the engine's fixed shapes"),
+    (dict(cache_implementation="dynamic", compile=True), "asks for eager steps"),
     (dict(compile="fast"), "compile='fast'"),
     (dict(tree={"depth": 3, "width": 2}), "unknown field"),
     (dict(tree=[3, 2]), "expected a TreeConfig"),
@@ -180,13 +196,17 @@ def test_layer_kinds_of_the_engine():
         layer_kinds(cfg, n)
 
 
+def test_what_the_engine_cannot_take_is_one_clear_error():
+    """An attention kind tree verification cannot mask: one ValueError naming it, before any cycle."""
+    model = tiny_model("llama")
+    model.config.layer_types = ["linear_attention"] * model.config.num_hidden_layers
+    with pytest.raises(ValueError, match="layer 0 has attention type 'linear_attention'"):
+        em.speculative_generate(model, em.Eagle3Head.from_target(model), prompt(6), max_new_tokens=4)
+
+
 def _compiled_steps(model, head) -> list:
     """The engine's compiled steps (``compiled.DiskCompiled``) for this model and head."""
-    from eagle_mm.decode.compiled import DiskCompiled
-    from eagle_mm.decode.graphs import _WRAPPED
-
-    steps = [getattr(f, "inner", f) for owner in (model, head) for f in _WRAPPED.get(owner, {}).values()]
-    return [f for f in steps if isinstance(f, DiskCompiled)]
+    return list(em.decoder(model, head).runner.compiled.values())
 
 
 @pytest.mark.slow
@@ -223,25 +243,32 @@ def test_compiled_cpu_equals_eager_without_recompiles():
     assert built() == 2
 
 
-def _recording_wrapped(seen: dict):
-    """A stand-in for ``graphs.wrapped`` whose backend records, per graph, which inputs it writes in place and
+def _recording_wrapper(seen: dict):
+    """A stand-in for ``Runner._wrapper`` whose backend records, per graph, which inputs it writes in place and
     which inputs have a static address (parameters, buffers, ``mark_static_address``), as inductor sees them."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    def make(owner, name, fn, mode, **_options):
-        if mode is None:
+    from eagle_mm.decode.runner import step_mode
+
+    compiled = {}
+
+    def wrapper(runner, step, fn, device):
+        if step_mode(step, runner.mode) is None:
             return fn
 
         def fw(gm, example_inputs):
             meta = torch._guards.TracingContext.get().fw_metadata
             mutated = {i for i, info in enumerate(meta.input_info) if info.mutates_data}
-            seen.setdefault(name, []).append((mutated, set(meta.static_input_indices)))
+            seen.setdefault(step, []).append((mutated, set(meta.static_input_indices)))
             return make_boxed_func(gm.forward)
 
-        return torch.compile(fn, backend=aot_autograd(fw_compiler=fw), dynamic=False)
+        key = (id(runner), step)
+        if key not in compiled:
+            compiled[key] = torch.compile(fn, backend=aot_autograd(fw_compiler=fw), dynamic=False)
+        return compiled[key]
 
-    return make
+    return wrapper
 
 
 @pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampling"])
@@ -250,11 +277,11 @@ def test_compiled_graphs_write_only_static_inputs(monkeypatch, do_sample):
     the condition itself on every step the cycle captures: the prefill, the draft (greedy and sampled), the
     verify, the sampled acceptance and the update (all captured on CUDA; compile= compiles some of them: all are
     traced here)."""
-    import eagle_mm.decode.fixed as fixed
+    import eagle_mm.decode.runner as runner
 
     seen = {}
-    monkeypatch.setattr(fixed, "wrapped", _recording_wrapped(seen))
-    monkeypatch.setattr(fixed, "_COMPILED_STEPS", ("prefill", "verify", "draft", "update", "accept"))
+    monkeypatch.setattr(runner.Runner, "_wrapper", _recording_wrapper(seen))
+    monkeypatch.setattr(runner, "_COMPILED_STEPS", ("prefill", "verify", "draft", "update", "accept"))
     model = tiny_model("llama")
     ids = prompt(8)
     head, _ = _forced(model, ids, torch.ones_like(ids), 12)
@@ -286,19 +313,15 @@ def _cuda_forced(n_new, dtype=torch.float32):
 def test_graphs_equal_eager_cuda(tree, compile):
     """The default call on CUDA captures the engine's eager steps (compile=None), or compiles them first: the
     eager engine's tokens, and a second call captures nothing."""
-    from eagle_mm.decode.graphs import _WRAPPED
-
     model, head, ids, mask, ref = _cuda_forced(32)
     eager = _run(model, head, ids, mask, 32, tree, cache_implementation="static", compile=False)
     first = _run(model, head, ids, mask, 32, tree, compile=compile)
     assert first.stats.mode == ("graphs" if compile is None else "reduce-overhead")
-    captures = sum(f.captures for table in (_WRAPPED[model], _WRAPPED[head])
-                   for f in table.values() if hasattr(f, "captures"))
+    runner = em.decoder(model, head).runner
+    captures = runner.captures
     with torch._dynamo.config.patch(error_on_recompile=True):
         second = _run(model, head, ids, mask, 32, tree, compile=compile)
-    after = sum(f.captures for table in (_WRAPPED[model], _WRAPPED[head])
-                for f in table.values() if hasattr(f, "captures"))
-    assert after == captures and second.stats.time_compile == 0
+    assert captures > 0 and runner.captures == captures and second.stats.time_compile == 0
     for out in (first, second):
         assert torch.equal(out.sequences, eager.sequences)
         assert out.stats.accept_counts == eager.stats.accept_counts
@@ -323,7 +346,6 @@ def test_graphs_sampling_cuda():
 def test_graphs_drop_finished_rows_cuda():
     """Rows that stop early leave the captured engine's batch (4 rows, then 2, then 1): generate()'s tokens, one
     graph per batch size, and a second call replays them all without capturing."""
-    from eagle_mm.decode.graphs import _WRAPPED
     from tests.test_batch import _batch
 
     model = tiny_model("llama").cuda()
@@ -335,18 +357,13 @@ def test_graphs_drop_finished_rows_cuda():
     stops = {int((r == eos).nonzero()[0]) if (r == eos).any() else 30 for r in ref[:, ids.shape[1]:]}
     assert len(stops) >= 3
     head = em.Eagle3Head.from_target(model).cuda()
-
-    def captures():
-        return sum(f.captures for table in (_WRAPPED[model], _WRAPPED[head]) for f in table.values()
-                   if hasattr(f, "captures"))
-
     kw = dict(attention_mask=mask, max_new_tokens=30, tree=TREE, return_dict_in_generate=True)
     first = em.speculative_generate(model, head, ids, **kw)
-    n = captures()
+    runner = em.decoder(model, head).runner
+    n = runner.captures
     second = em.speculative_generate(model, head, ids, **kw)
-    assert first.stats.mode == "graphs" and captures() == n and second.stats.time_compile == 0
-    verify = _WRAPPED[model][("verify", "graphs")]
-    assert len(verify._graphs) >= 2  # a graph per batch size (the prompt bucket is the same)
+    assert first.stats.mode == "graphs" and runner.captures == n and second.stats.time_compile == 0
+    assert runner.graphs("verify") >= 2  # a graph per batch size (the prompt bucket is the same)
     for out in (first, second):
         assert torch.equal(out.sequences, ref)
 
@@ -356,8 +373,6 @@ def test_graphs_sampled_batch_cuda():
     """Sampling in the captured engine (the draft, and the acceptance with its noise drawn outside the graph) over a
     batch whose first row stops early (2 rows, then 1): the eager engine's tokens for one seed, at the first call and
     at the second, which captures nothing."""
-    from eagle_mm.decode.graphs import _WRAPPED
-
     model = tiny_model("llama").cuda()
     ids = prompt(8, batch=2, seed=3).cuda()
     head = em.Eagle3Head.from_target(model).cuda()
@@ -372,10 +387,11 @@ def test_graphs_sampled_batch_cuda():
     model.generation_config.eos_token_id = eos
     eager = run(cache_implementation="static", compile=False)
     first = run()
-    captures = sum(f.captures for f in _WRAPPED[head].values() if hasattr(f, "captures"))
+    runner = em.decoder(model, head).runner
+    captures = runner.captures
     second = run()
-    assert first.stats.mode == "graphs" and ("accept", "graphs") in _WRAPPED[head]
-    assert sum(f.captures for f in _WRAPPED[head].values() if hasattr(f, "captures")) == captures
+    assert first.stats.mode == "graphs" and runner.graphs("accept") >= 1
+    assert runner.captures == captures
     for out in (first, second):
         assert torch.equal(out.sequences, eager.sequences)
     assert int((eager.sequences[0, ids.shape[1]:] == eos).sum()) >= 1  # row 0 did stop
@@ -384,8 +400,8 @@ def test_graphs_sampled_batch_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton verify kernel runs on a CUDA GPU here")
 @pytest.mark.parametrize("tree", [CHAIN, TREE], ids=["chain", "tree"])
 def test_triton_verify_bf16_equals_generate_cuda(tree, monkeypatch):
-    """Both storages verify with the Triton kernel on CUDA: token-identical to generate in bf16 with this forced
-    head (its proposals are generate's own tokens)."""
+    """Eager and captured steps verify with the Triton kernel on CUDA: token-identical to generate in bf16 with this
+    forced head (its proposals are generate's own tokens)."""
     from eagle_mm.kernels.dispatch import ENV_BACKEND
 
     monkeypatch.setenv(ENV_BACKEND, "triton")
@@ -395,24 +411,27 @@ def test_triton_verify_bf16_equals_generate_cuda(tree, monkeypatch):
     head, ref = _forced(model, ids, mask, 32)
     head._head.cuda().to(torch.bfloat16)
     head.reference, head.wrong = head.reference.cuda(), head.wrong.cuda()
-    for storage in ("static", "dynamic"):
-        out = _run(model, head, ids, mask, 32, tree, cache_implementation=storage)
+    for eager in (False, True):
+        out = _run(model, head, ids, mask, 32, tree, cache_implementation="dynamic" if eager else None)
         assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]])
         assert out.stats.mean_accept_length > 1.5
 
 
 def test_sampled_calls_share_one_graph_sampler():
-    """The engine's draft step is keyed on its sampler: calls with the same warper settings get the same object
-    (so a captured draft replays), other settings another one."""
+    """The engine's draft step is keyed on its sampler: calls with the same warper settings get the same object from
+    the decoder (so a captured draft replays), other settings another one."""
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
     from eagle_mm.decode.draft import DraftSampler
 
-    head = em.Eagle3Head.from_target(tiny_model("llama"))
+    model = tiny_model("llama")
+    head = em.Eagle3Head.from_target(model)
+    dec = em.decoder(model, head)
 
     def sampler(t, p):
         procs = LogitsProcessorList([TemperatureLogitsWarper(t), TopPLogitsWarper(p)])
-        return DraftSampler.from_processors(procs, head, torch.Generator().manual_seed(0)).for_graphs()
+        dec.begin(TREE, None, 1, 8, 16, DraftSampler.from_processors(procs, head, torch.Generator().manual_seed(0)))
+        return dec.sampler
 
     assert sampler(0.8, 0.9) is sampler(0.8, 0.9)
     assert sampler(0.8, 0.9) is not sampler(0.7, 0.9)
@@ -422,7 +441,7 @@ def test_sampled_calls_share_one_graph_sampler():
 def test_compile_modes_compile_the_cycle_steps_only():
     """compile=: the verify and the update are compiled; the draft only in the max-autotune modes; the prefill never
     (captured as it is where the mode captures graphs)."""
-    from eagle_mm.decode.fixed import _step_mode
+    from eagle_mm.decode.runner import step_mode as _step_mode
 
     steps = ("prefill", "draft", "verify", "update")
     assert [_step_mode(s, "reduce-overhead") for s in steps] == ["graphs", "graphs", "reduce-overhead",
@@ -434,24 +453,24 @@ def test_compile_modes_compile_the_cycle_steps_only():
 
 
 def test_warmup_runs_the_shapes_ahead():
-    from eagle_mm.decode.fixed import _CACHES
-
     model = tiny_model("llama")
     head = em.Eagle3Head.from_target(model)
     seconds = em.warmup(model, head, batch_sizes=(2,), prompt_lengths=(9,), max_new_tokens=8, tree=TREE)
-    assert seconds > 0 and _CACHES[model].batch == 2
+    storage = em.decoder(model, head).storage
+    cache = storage.cache
+    assert seconds > 0 and storage.pos.shape[0] == 2
     out = em.speculative_generate(model, head, prompt(9, batch=2), max_new_tokens=8, tree=TREE,
                                   return_dict_in_generate=True)
-    assert out.stats.time_compile == 0 and _CACHES[model].batch == 2
+    assert out.stats.time_compile == 0 and storage.cache is cache  # the warmed-up cache, not a new one
 
 
 def test_warmup_shrinks_a_batch_to_one_row(monkeypatch):
     """warmup's batches also run with rows stopping one after another, so that every smaller batch the engine moves
     to when rows finish (its own graphs on CUDA) is run ahead too, down to one row."""
-    from eagle_mm.decode.fixed import FixedStorage
+    from eagle_mm.decode.storage import Storage
 
-    sizes, compact = [], FixedStorage.compact
-    monkeypatch.setattr(FixedStorage, "compact", lambda self, keep: (sizes.append(len(keep)), compact(self, keep))[1])
+    sizes, compact = [], Storage.compact
+    monkeypatch.setattr(Storage, "compact", lambda self, keep: (sizes.append(len(keep)), compact(self, keep))[1])
     model = tiny_model("llama")
     head = em.Eagle3Head.from_target(model)
     em.warmup(model, head, batch_sizes=(4,), prompt_lengths=(9,), max_new_tokens=16, do_sample=False, tree=CHAIN)

@@ -195,8 +195,7 @@ def test_length_processors_run_batched_as_per_node():
     assert torch.equal(process_tree_logits(procs, [12, 13], tree, logits, 3), logits / 0.7)
 
 
-@pytest.mark.parametrize("storage", [None, "dynamic"], ids=["engine", "fallback"])
-def test_output_logits_and_scores_equal_generate(storage):
+def test_output_logits_and_scores_equal_generate():
     """output_logits / output_scores: the target's logits (and processed scores) behind each committed token,
     as generate() returns them (fp32: equal up to the verify's batched rounding), accepted paths included."""
     model = tiny_model("llama")
@@ -207,7 +206,7 @@ def test_output_logits_and_scores_equal_generate(storage):
     longer = model.generate(ids, max_new_tokens=32, do_sample=False, repetition_penalty=1.3)[0]
     wrong = torch.rand(longer.numel(), generator=torch.Generator().manual_seed(1)) < 0.1
     head = ForcedHead(em.Eagle3Head.from_target(model), longer, wrong)  # proposes the penalized continuation
-    out = em.speculative_generate(model, head, input_ids=ids, tree=CHAIN, cache_implementation=storage, **opts)
+    out = em.speculative_generate(model, head, input_ids=ids, tree=CHAIN, **opts)
     assert torch.equal(out.sequences, ref.sequences) and out.stats.mean_accept_length > 2
     assert len(out.logits) == len(ref.logits) == 16 and len(out.scores) == len(ref.scores) == 16
     for ours, theirs in zip(out.logits + out.scores, ref.logits + ref.scores):

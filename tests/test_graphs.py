@@ -19,6 +19,13 @@ class Thing:
     pass
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class State:
+    """Like the storage's Target and Buffers: frozen, compared by identity, holding static tensors."""
+
+    buf: torch.Tensor
+
+
 def _static(t):
     torch._dynamo.mark_static_address(t)
     return t
@@ -37,6 +44,16 @@ def test_signature_rules():
                     (buf, x, [Kind("full")], other, 3, "s", None),  # another object
                     (buf, x, [Kind("full")], thing, 4, "s", None)):
         assert _Signature(changed, frozenset({6})).key != a.key
+
+
+def test_signature_keys_an_identity_dataclass_as_itself():
+    """A frozen dataclass compared by identity is keyed as the object it is, its tensors not looked at: the same
+    object, the same key; another object over the same tensor, another key."""
+    buf = _static(torch.zeros(4))
+    state = State(buf)
+    a, b = _Signature((state, 2), frozenset()), _Signature((state, 2), frozenset())
+    assert a.key == b.key and not a.transient and a.device is None
+    assert _Signature((State(buf), 2), frozenset()).key != a.key
 
 
 def test_signature_holds_what_has_no_weak_reference():
@@ -121,6 +138,25 @@ def test_undo_captures_a_new_signature_in_its_first_call():
     pure = OwnGraph(lambda x: x + 1, "pure")
     assert torch.equal(pure(torch.ones(2, device="cuda"), undo=nothing_to_undo), torch.full((2,), 2.0, device="cuda"))
     assert pure.captures == 1
+
+
+@cuda
+def test_a_function_of_identity_keyed_state_is_captured_on_its_device():
+    """No tensor argument but a state object keyed by identity: the graph runs on the device it was given, and
+    captures and replays like any other."""
+    calls = []
+
+    def fn(state, k: int):
+        calls.append(1)
+        state.buf.add_(k)
+        return state.buf * 2
+
+    state = State(_static(torch.zeros(3, device="cuda")))
+    g = OwnGraph(fn, "fn", device="cuda")
+    for _ in range(4):
+        out = g(state, 1)
+    assert g.captures == 1 and len(calls) == 2 and torch.equal(out, torch.full((3,), 8.0, device="cuda"))
+    assert OwnGraph(fn, "fn")(state, 1) is not None and len(calls) == 3  # no device: it just runs
 
 
 @cuda

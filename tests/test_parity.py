@@ -37,9 +37,8 @@ def _forced(model, kind, ids, n_new, error_rate, seed=0):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
-@pytest.mark.parametrize("storage", [None, "dynamic"], ids=["engine", "fallback"])
-def test_multi_token_acceptance_is_lossless(family, kind, storage):
-    """A draft that mostly knows the answer: long accepted paths through every cache kind, in both storages."""
+def test_multi_token_acceptance_is_lossless(family, kind):
+    """A draft that mostly knows the answer: long accepted paths through every cache kind."""
     model = tiny_model(family)
     ids = prompt(9)
     n_new = 24
@@ -47,9 +46,9 @@ def test_multi_token_acceptance_is_lossless(family, kind, storage):
     for tree in (em.TreeConfig.chain(5), em.TreeConfig(depth=5, top_k=3, total_tokens=12)):
         head = _forced(model, kind, ids, n_new, error_rate=0.15)
         out = em.speculative_generate(model, head, input_ids=ids, max_new_tokens=n_new, tree=tree,
-                                      return_dict_in_generate=True, cache_implementation=storage)
+                                      return_dict_in_generate=True)
         assert torch.equal(out.sequences, ref), (family, kind, tree)
-        assert out.stats.mean_accept_length > 2.0 and out.stats.engine == ("dynamic" if storage else "fixed")
+        assert out.stats.mean_accept_length > 2.0 and out.stats.mode is None  # eager steps on a CPU
 
 
 @pytest.mark.compat

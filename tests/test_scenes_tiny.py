@@ -82,24 +82,25 @@ def test_image_embeds_round_trips_and_official_layouts_stay_as_they_were():
         cfg.replace(image_features=0)
 
 
-def _spy_extend_head(monkeypatch, arg: str) -> list:
-    """Record the ``arg`` ("hidden" or "embeds") of every call of the decode loop's extend_head, in order."""
+def _spy_head_entries(monkeypatch, arg: str) -> list:
+    """Record the ``arg`` ("hidden" or "embeds") of every call of the decode loop's head_entries (the prefill's), in
+    order."""
     import eagle_mm.decode.loop as gen
 
-    seen, real = [], gen.extend_head
+    seen, real = [], gen.head_entries
 
     def spy(head, cache, hidden, tokens, pos, embeds=None, **kw):
         seen.append({"hidden": hidden, "embeds": embeds}[arg])
         return real(head, cache, hidden, tokens, pos, embeds=embeds, **kw)
 
-    monkeypatch.setattr(gen, "extend_head", spy)
+    monkeypatch.setattr(gen, "head_entries", spy)
     return seen
 
 
 def test_the_ablation_hides_the_image_from_the_draft(loaded, monkeypatch):
     """At the prefill the image-aware head gets the merged embeddings (image features at image positions); the
     ablation gets none, so it embeds the placeholder tokens itself."""
-    seen = _spy_extend_head(monkeypatch, "embeds")
+    seen = _spy_head_entries(monkeypatch, "embeds")
     zm = loaded
     inputs = _inputs(zm, 0)
     image = inputs["input_ids"][0, 1:] == zm.target.config.image_token_id  # head entry t reads token t+1
@@ -118,7 +119,7 @@ def test_the_ablation_hides_the_image_from_the_draft(loaded, monkeypatch):
 
 def test_the_blind_ablation_zeroes_the_image_positions_features(loaded, monkeypatch):
     """eagle3-blind reads zeros where the prompt holds image tokens, and the target's features elsewhere."""
-    seen = _spy_extend_head(monkeypatch, "hidden")
+    seen = _spy_head_entries(monkeypatch, "hidden")
     zm = loaded
     inputs = _inputs(zm, 0)
     image = inputs["input_ids"][0] == zm.target.config.image_token_id  # feature t sits at position t

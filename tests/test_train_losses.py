@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import eagle_mm as em
-from eagle_mm.decode.draft import extend_head
+from eagle_mm.decode.draft import head_cache
 from eagle_mm.train.losses import eagle1_loss, eagle3_loss, shift_left, ttt_mask, ttt_unroll
 from eagle_mm.train.target import target_features, target_logits
 from tests.test_train_tools import one_thread  # noqa: F401
@@ -37,7 +37,7 @@ def test_ttt_steps_equal_the_inference_chain_draft():
     ttt = [logits for _, logits in ttt_unroll(head, feats, ids, steps)]
     for t in (0, 3, 8):
         pos = torch.arange(t + 1).expand(2, -1)
-        cache, out, logits = extend_head(head, None, feats[:, : t + 1], ids[:, 1: t + 2], pos)
+        cache, out, logits = head_cache(head, feats[:, : t + 1], ids[:, 1: t + 2], pos)
         torch.testing.assert_close(logits[:, -1], ttt[0][:, t], atol=1e-5, rtol=1e-5)
         past, h = (cache.k, cache.v), out[:, -1:]
         for i in range(1, steps):

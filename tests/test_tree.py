@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import eagle_mm as em
-from eagle_mm.decode.draft import draft_tree, extend_head
+from eagle_mm.decode.draft import draft_tree, head_cache
 from eagle_mm.decode.tree import Tree, ancestors, select_tree
 from eagle_mm.kernels.reference import greedy_accept, path_indices
 from tests.tiny import tiny_model
@@ -316,7 +316,7 @@ def _draft(head, cache, root, root_out, root_logits, root_pos, cfg) -> Tree:
 def _prefilled(head, feats, toks, pos):
     """Head cache over a prompt, and the root's entry: like speculative_generate's prefill."""
     with torch.no_grad():
-        cache, out, logits = extend_head(head, None, feats, toks, pos)
+        cache, out, logits = head_cache(head, feats, toks, pos)
     return cache, toks[:, -1], out[:, -1], logits[:, -1], pos[:, -1] + 1
 
 

@@ -1,10 +1,10 @@
-"""Acceptance: which draft nodes the target keeps, and the tokens and positions a cycle commits.
+"""Acceptance: which draft nodes the target keeps.
 
 Greedy: the target's argmax at every node, matched against each child; the deepest node whose whole path
 matches wins (``kernels.verify_greedy``: the Triton kernel on CUDA, the torch reference elsewhere). Sampling:
 recursive rejection sampling from the target's processed distribution (``sampling.tree_rejection_sample_scores``).
 Both read the target's processed scores (the processors run before, in their own step: ``processors.py``) and
-return the same three things, and ``committed`` turns them into what the storage writes.
+return the same three things, which the update step (``steps.update_step``) turns into what the storage keeps.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..kernels.reference import path_indices
 from .sampling import tree_rejection_sample_scores
 from .tree import Tree
 
-__all__ = ["accept", "committed"]
+__all__ = ["accept"]
 
 
 def accept(tree: Tree, scores: torch.Tensor, q_nodes: torch.Tensor | None, depth: int,
@@ -35,14 +35,3 @@ def accept(tree: Tree, scores: torch.Tensor, q_nodes: torch.Tensor | None, depth
         path = path_indices(tree.parent, tree.depth, best, depth)  # (B, D+1)
     return accept_len, path, bonus[:, None]
 
-
-def committed(tokens: torch.Tensor, q_pos: torch.Tensor, accept_len: torch.Tensor, path: torch.Tensor,
-              bonus: torch.Tensor):
-    """The new tokens (B, K) (path nodes 1..a, then the bonus at column a) and the positions (B, K) of the kept
-    path nodes 0..a (-1 past a), for K = D+1 columns; each row's entries past its own path are padding."""
-    K = path.shape[1]
-    j = torch.arange(K, device=path.device)  # (K,)
-    path_next = torch.cat((tokens.gather(1, path[:, 1:]), bonus), 1)  # (B, K)
-    new_tok = torch.where(j == accept_len[:, None], bonus, path_next)
-    new_pos = torch.where(j <= accept_len[:, None], q_pos.gather(1, path), -1)
-    return new_tok, new_pos

@@ -43,7 +43,7 @@ import torch
 from ..target.parts import resolve_target
 from ..target.compat import cache_kwarg, output_cache
 from ..config import TreeConfig
-from .draft import HeadCache, draft_candidates, extend_head
+from .draft import HeadCache, draft_candidates, head_cache, scratch_slots, with_scratch
 from .options import default_tree
 from ..target.features import FeatureCapture
 from .tree import select_tree
@@ -74,7 +74,8 @@ class _Candidates:
 def _draft_candidates(head, cache: HeadCache, root_out, root_logits, root_pos, top_k: int, depth: int) -> _Candidates:
     """``draft_tree``'s greedy candidates before its global rerank (on the host), so that one draft serves
     every total and every smaller depth."""
-    c = draft_candidates(head, cache, root_out, root_logits, root_pos, top_k, depth)
+    c = draft_candidates(head, with_scratch(cache, scratch_slots(top_k, depth)), root_out, root_logits, root_pos,
+                         top_k, depth)
     return _Candidates(c.tokens.cpu(), c.parent.cpu(), c.depth.cpu(), c.score.cpu())
 
 
@@ -155,7 +156,7 @@ def calibrate(model, head, prompts, *, top_ks=TOP_KS, max_depth: int = 8, max_ne
     roots, aheads, spans, cands = [], [], [], {k: [] for k in top_ks}
     for ids, (seq, feats) in zip(rows, runs):
         T, dev = seq.shape[1], seq.device
-        hcache, h_out, h_logits = extend_head(head, None, feats, seq[:, 1:], torch.arange(T - 1, device=dev)[None])
+        hcache, h_out, h_logits = head_cache(head, feats, seq[:, 1:], torch.arange(T - 1, device=dev)[None])
         at = torch.arange(ids.shape[1], ids.shape[1] + max_new_tokens - 1, device=dev)  # reachable roots
         spans.append((sum(r.numel() for r in roots), ids.shape[1], max_new_tokens))
         roots.append(seq[0, at].cpu())

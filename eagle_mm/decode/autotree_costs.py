@@ -20,7 +20,7 @@ from .dynamic import CacheSnapshot, SlotBook, keep_path
 from .masks import layer_kinds, tree_masks
 from ..target.compat import cache_kwarg, output_cache
 from ..config import TreeConfig
-from .draft import draft_tree, extend_head
+from .draft import draft_tree, head_cache
 from .skinny import skinny_linears
 from ..kernels import verify_greedy
 from .tree import ancestors
@@ -165,7 +165,7 @@ def measure_draft_cost(head, top_ks=TOP_KS, *, depth: int = 8, prefix_len: int =
     feats = torch.randn(B, prefix_len, width, generator=gen).to(p.device, p.dtype)
     tokens = torch.randint(min(parts.vocab_size, 1000), (B, prefix_len), generator=gen).to(p.device)
     pos = torch.arange(prefix_len, device=p.device).expand(B, -1)
-    cache, out, logits = extend_head(head, None, feats, tokens, pos)
+    cache, out, logits = head_cache(head, feats, tokens, pos)
     jobs = {}
     for k in top_ks:
         for d in (1, depth):

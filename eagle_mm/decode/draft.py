@@ -1,8 +1,8 @@
 """The draft side of a decode cycle: extending the head's own KV cache and growing the EAGLE-2 tree.
 
 The head's entry at position t pairs the target feature at t with the token at t+1 and predicts the
-token at t+2. Its KV cache holds one entry per committed target position, with ``pos`` (B, S_h) = -1
-for padding/holes, exactly like the target's slots.
+token at t+2. Its KV cache (``HeadCache``) holds one entry per committed target slot, with ``pos`` (B, C) = -1
+for padding/holes, exactly like the target's slots, then the scratch slots one draft writes.
 
 Greedy mode expands each node's top-k children by draft log-prob. Sampling mode draws each node's
 children without replacement from the (warped) draft distribution q and keeps q for verification,
@@ -27,21 +27,19 @@ from .processors import apply_input_free, reads_input_ids
 from .sampling import draft_noise, sample_children, sibling_scores
 from .tree import Tree, select_tree
 
-__all__ = ["HeadCache", "DraftSampler", "Candidates", "extend_head", "head_entries", "draft_candidates",
-           "draft_tree", "node_q", "scratch_slots", "with_scratch", "bonus_entry"]
+__all__ = ["HeadCache", "DraftSampler", "Candidates", "head_cache", "head_entries", "draft_candidates",
+           "draft_tree", "node_q", "scratch_slots", "with_scratch"]
 
 
 @dataclass
 class HeadCache:
-    """Dynamic (``length`` None): k/v grow by concatenation. Static: k/v are preallocated buffers of
-    ``pos.shape[1] + scratch`` slots, the first ``length`` committed, the last ``scratch`` reserved for the
-    draft steps of one cycle, so every head step sees the same shapes (what lets it compile once)."""
+    """The head's KV cache at fixed shapes: C committed slots, then ``scratch`` slots reserved for the draft steps of
+    one cycle, so that every head step sees the same shapes (what lets it be captured and compiled once)."""
 
-    k: torch.Tensor  # (B, nkv, S_h, hd); static: (B, nkv, C + scratch, hd)
-    v: torch.Tensor  # like k
-    pos: torch.Tensor  # (B, S_h) position of each entry, -1 if unused; static: (B, C)
-    length: int | None = None  # static: committed entries written so far
-    scratch: int = 0  # static: draft slots after the C committed ones
+    k: torch.Tensor  # (B, nkv, C + scratch, hd)
+    v: torch.Tensor  # (B, nkv, C + scratch, hd_v)
+    pos: torch.Tensor  # (B, C) position of each committed slot, -1 if unused
+    scratch: int = 0  # draft slots after the C committed ones
 
 
 DRAFT_WIDTH = 64  # tokens a node's proposal keeps when no top-k warper is set (the draft's tail is rarely accepted)
@@ -73,18 +71,11 @@ class DraftSampler:
         top = DRAFT_WIDTH if top is None else top
         return cls(warpers, ids, V, generator, min(vd, max(min_width, top)), True)
 
-    def for_graphs(self) -> "DraftSampler":
-        """The same sampler without its generator, one object per (head, warper settings): what the engine's
-        captured draft step is keyed on, so that later calls with the same settings replay its graph (its noise
-        is drawn outside the graph)."""
-        settings = ((type(p), tuple(sorted((k, _plain(v)) for k, v in vars(p).items()))) for p in self.warpers)
-        key = (self.width, *settings)
-        table = _GRAPH_SAMPLERS.setdefault(self.target_ids.device, {})
-        if key not in table or not torch.equal(table[key].target_ids, self.target_ids):
-            if len(table) >= _GRAPH_SAMPLERS_KEPT:
-                table.pop(next(iter(table)))  # the oldest setting (its graph is dropped by OwnGraph in turn)
-            table[key] = DraftSampler(self.warpers, self.target_ids, self.vocab_size, None, self.width, self.compact)
-        return table[key]
+    def settings(self) -> tuple:
+        """What the sampler does, hashable: its width and each warper's type and attributes (tensors by value). The
+        decoder keeps one generator-less sampler per settings, which its captured draft step is keyed on."""
+        warpers = ((type(p), tuple(sorted((k, _plain(v)) for k, v in vars(p).items()))) for p in self.warpers)
+        return (self.width, self.compact, *warpers)
 
     def proposal(self, draft_logits: torch.Tensor):
         """(B, M, V_draft) draft logits -> (cand (B, M, W) target ids, logq (B, M, W) log q there, -inf = 0)."""
@@ -107,10 +98,6 @@ class DraftSampler:
         return torch.log_softmax(full, dim=-1)
 
 
-_GRAPH_SAMPLERS: dict = {}  # device -> {warper settings: DraftSampler}
-_GRAPH_SAMPLERS_KEPT = 16
-
-
 def _plain(value):
     """A hashable stand-in for a warper attribute (tensors by their values)."""
     if isinstance(value, torch.Tensor):
@@ -128,32 +115,25 @@ def _additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
     return m.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
-def extend_head(head, cache: HeadCache | None, hidden: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor,
-                embeds: torch.Tensor | None = None, *, step=None):
-    """Run the head on new committed entries and append them to its (dynamic) cache.
+def head_cache(head, hidden: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor,
+               embeds: torch.Tensor | None = None, *, scratch: int = 0, step=None):
+    """The head's cache over a sequence of committed entries (what the decode loop's prefill builds), with
+    ``scratch`` draft slots after them.
 
-    hidden (B, A, F) target features; tokens (B, A) the next tokens; pos (B, A) positions, -1 = padding.
-    Returns (cache, out (B, A, H), logits (B, A, V_draft)). ``step``: the head's step function (default
-    ``head.step``). A static cache is written in place by ``eagle_mm.decode.steps.update_step`` instead.
+    hidden (B, A, F) target features; tokens (B, A) the next tokens; pos (B, A) positions, -1 = padding. Returns
+    (cache, out (B, A, H), logits (B, A, V_draft)). ``step``: the head's step function (default ``head.step``).
     """
-    if cache is not None and cache.length is not None:
-        raise ValueError("extend_head appends to a dynamic head cache; a static one is written by "
-                         "eagle_mm.decode.steps.update_step")
-    out, logits, (k, v) = head_entries(head, cache, hidden, tokens, pos, embeds, step=step)
-    if cache is None:
-        return HeadCache(k, v, pos), out, logits
-    cache = HeadCache(torch.cat((cache.k, k), 2), torch.cat((cache.v, v), 2), torch.cat((cache.pos, pos), 1))
-    return cache, out, logits
+    out, logits, (k, v) = head_entries(head, None, hidden, tokens, pos, embeds, step=step)
+    return with_scratch(HeadCache(k, v, pos), scratch), out, logits
 
 
 def head_entries(head, cache: HeadCache | None, hidden: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor,
                  embeds: torch.Tensor | None = None, *, step=None):
-    """The head's step over A new entries attending to its cache, which is not modified.
+    """The head's step over A new entries attending to its cache (None: to each other only), which is not modified.
 
-    hidden (B, A, F), tokens (B, A), pos (B, A) as in ``extend_head``. Returns (out (B, A, H), logits
+    hidden (B, A, F), tokens (B, A), pos (B, A) as in ``head_cache``. Returns (out (B, A, H), logits
     (B, A, V_draft), (k, v) (B, nkv, A, hd)): the caller writes k, v where the entries belong.
     """
-    static = cache is not None and cache.length is not None
     B, A = pos.shape
     dtype = next(head.parameters()).dtype
     h = head.fuse(hidden)
@@ -164,18 +144,10 @@ def head_entries(head, cache: HeadCache | None, hidden: torch.Tensor, tokens: to
         allowed, past = causal, None
     else:
         old = (cache.pos[:, None, :] >= 0) & (cache.pos[:, None, :] <= q)  # (B, A, C)
-        # Static: the scratch slots between the committed ones and the new entries hold draft leftovers.
-        gap = (torch.zeros(B, A, cache.scratch, dtype=torch.bool, device=pos.device),) if static else ()
-        allowed, past = torch.cat((old, *gap, causal), dim=-1), (cache.k, cache.v)
+        # The scratch slots between the committed ones and the new entries hold draft leftovers.
+        gap = torch.zeros(B, A, cache.scratch, dtype=torch.bool, device=pos.device)
+        allowed, past = torch.cat((old, gap, causal), dim=-1), (cache.k, cache.v)
     return (step or head.step)(e, h, pos.clamp(min=0), _additive(allowed, dtype), past)
-
-
-def bonus_entry(out: torch.Tensor, logits: torch.Tensor, accept_len: torch.Tensor):
-    """The head's output (B, H) and draft logits (B, V_draft) at each row's bonus entry (column accept_len (B,) of
-    the new entries out (B, K, H), logits (B, K, V_draft)): what the next cycle drafts from."""
-    last = accept_len[:, None, None]
-    return (out.gather(1, last.expand(-1, -1, out.shape[-1])).squeeze(1),
-            logits.gather(1, last.expand(-1, -1, logits.shape[-1])).squeeze(1))
 
 
 def _children(head, logits: torch.Tensor, parent_score: torch.Tensor, parent_logp: torch.Tensor, k: int,
@@ -212,12 +184,16 @@ def scratch_slots(top_k: int, depth: int) -> int:
     return (depth - 1) * top_k
 
 
-def with_scratch(cache: HeadCache, top_k: int, depth: int) -> HeadCache:
-    """A dynamic head cache (B, nkv, S, hd) copied into one with the draft's scratch slots after its S entries."""
-    n = scratch_slots(top_k, depth)
-    k = torch.cat((cache.k, cache.k.new_zeros(*cache.k.shape[:2], n, cache.k.shape[3])), 2)
-    v = torch.cat((cache.v, cache.v.new_zeros(*cache.v.shape[:2], n, cache.v.shape[3])), 2)
-    return HeadCache(k, v, cache.pos, cache.pos.shape[1], n)
+def with_scratch(cache: HeadCache, scratch: int) -> HeadCache:
+    """The cache's committed slots, copied into a cache with ``scratch`` draft slots after them (the same cache when
+    it has that many)."""
+    if cache.scratch == scratch:
+        return cache
+    C = cache.pos.shape[1]
+    k, v = cache.k[:, :, :C], cache.v[:, :, :C]
+    k = torch.cat((k, k.new_zeros(*k.shape[:2], scratch, k.shape[3])), 2)
+    v = torch.cat((v, v.new_zeros(*v.shape[:2], scratch, v.shape[3])), 2)
+    return HeadCache(k, v, cache.pos, scratch)
 
 
 def draft_candidates(head, cache: HeadCache, root_out: torch.Tensor, root_logits: torch.Tensor,
@@ -226,16 +202,14 @@ def draft_candidates(head, cache: HeadCache, root_out: torch.Tensor, root_logits
                      step=None) -> Candidates:
     """Grow the EAGLE-2 frontier ``depth`` levels deep below the root at ``root_pos`` (B,).
 
-    ``cache``: the head's C committed entries followed by ``scratch_slots(top_k, depth)`` scratch slots, which the
-    draft writes (one fixed shape for every step); a dynamic cache is first copied into one (``with_scratch``).
+    ``cache``: the head's C committed entries followed by at least ``scratch_slots(top_k, depth)`` scratch slots,
+    which the draft writes (one fixed shape for every step).
     root_out (B, H) / root_logits (B, V_draft): the head's output at the entry that pairs the feature
     before the root with the root. ``noise`` (B, 1 + (depth-1)*top_k, W): the sampled draft's Exp(1) draws
     (``sampling.draft_noise``); None draws them here. ``step``: the head's step function (default ``head.step``).
     """
     step = step or head.step
-    if cache.length is None:  # a dynamic cache: copied once into one with scratch slots
-        cache = with_scratch(cache, top_k, depth)
-    if cache.scratch < scratch_slots(top_k, depth):
+    if cache.scratch < (depth - 1) * top_k:  # scratch_slots(top_k, depth)
         raise ValueError(f"head cache has {cache.scratch} scratch slots, a depth-{depth} top-{top_k} draft "
                          f"needs {scratch_slots(top_k, depth)}")
     B, k, dev = root_out.shape[0], top_k, root_out.device
@@ -299,10 +273,13 @@ def draft_tree(head, cache: HeadCache, root: torch.Tensor, root_out: torch.Tenso
                noise: torch.Tensor | None = None, *, step=None):
     """Grow a tree below ``root`` (B,): the candidates, then the global rerank.
 
-    ``cache`` as ``draft_candidates`` takes it (with scratch slots). Returns (Tree, q) where q (B, N+1, V) is the
-    proposal distribution each node's children were drawn from (sampling mode; zeros for nodes never expanded),
-    or None in greedy mode.
+    ``cache``: the head's cache (``head_cache``; copied with the draft's scratch slots where it has fewer). Returns
+    (Tree, q) where q (B, N+1, V) is the proposal distribution each node's children were drawn from (sampling mode;
+    zeros for nodes never expanded), or None in greedy mode.
     """
+    need = scratch_slots(tree.top_k, tree.depth)
+    if cache.scratch < need:
+        cache = with_scratch(cache, need)
     c = draft_candidates(head, cache, root_out, root_logits, root_pos, tree.top_k, tree.depth, sampler, noise,
                          step=step)
     result = select_tree(root, c.tokens, c.parent, c.depth, c.score, tree.total_tokens)

@@ -1,8 +1,7 @@
-"""The fallback storage: HF's ``DynamicCache``, shapes that follow the cache, every step eager.
+"""Tree verification over HF's ``DynamicCache``: what ``autotree_costs`` times a verify with.
 
-For what the engine's fixed storage (``fixed.py``) cannot hold yet, or when asked for
-(``cache_implementation="dynamic"``). Same interface and the same step pieces as the engine (``draft_candidates``,
-``tree_masks``, ``committed``, ``head_entries``); what differs is only where slots live.
+The decode loop runs the engine's one storage (``storage.py``); this keeps only the slot book-keeping the tree
+calibration's cost probe uses.
 
 Slots: a full-attention layer stores a sequence of slots; ``SlotBook.full`` (B, S) holds each slot's
 token position, -1 where a row has no token (left padding, or the holes left when rows accept
@@ -18,15 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..target.compat import cache_kwarg, output_cache
-from .accept import accept, committed
-from .processors import process_tree_logits
-from .draft import HeadCache, bonus_entry, draft_tree, extend_head, scratch_slots
-from .masks import layer_kinds, tree_masks
-from .sampling import draft_noise
-from .tree import Tree, ancestors
-
-__all__ = ["DynamicStorage", "SlotBook", "CacheSnapshot", "keep_path"]
+__all__ = ["SlotBook", "CacheSnapshot", "keep_path"]
 
 
 @dataclass
@@ -112,88 +103,3 @@ def keep_path(cache, snap: CacheSnapshot, book: SlotBook, keep: torch.Tensor, ne
     book.full = torch.cat((book.full, new_pos), 1)
     for w in book.windows:
         book.windows[w] = compact[w][1]
-
-
-class DynamicStorage:
-    """The fallback's state for one call: the HF cache and its slot book, the head's growing cache and the root.
-
-    ``update`` reads the accept lengths to the host itself (it keeps only as many slots as the longest path
-    needs), so ``read`` hands back what it read."""
-
-    setup = 0.0  # nothing is compiled or captured
-    compacts, pow2 = True, False  # finished rows are dropped (``compact``), to the live rows exactly
-
-    def __init__(self, model, head, parts, tree, sampler=None):
-        self.model, self.head, self.parts, self.tree, self.sampler = model, head, parts, tree, sampler
-        self._cache_kwarg = cache_kwarg(model)
-
-    @property
-    def cur(self) -> int:
-        return self.book.full.shape[1]
-
-    def prefill(self, cap, input_ids, slot_pos, position_ids, extra: dict | None):
-        mask = (slot_pos >= 0).long()
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, **(extra or {}),
-                         use_cache=True, logits_to_keep=1)
-        self.cache = output_cache(out)
-        self.kinds = layer_kinds(self.parts.text_config, len(self.cache.layers), self.cache.layers)
-        self.book = SlotBook.after_prefill(self.cache, slot_pos)
-        return out.logits[:, -1], cap.features(), input_ids, slot_pos
-
-    def start(self, hcache: HeadCache, root, root_pos, root_out, root_logits) -> None:
-        self.head_cache, self.root, self.root_pos, self.root_out, self.root_logits = (hcache, root, root_pos,
-                                                                                      root_out, root_logits)
-
-    def draft(self):
-        t, s = self.tree, self.sampler
-        noise = None
-        if s is not None:  # the same draws, in the same order, as the engine's
-            noise = draft_noise(torch.empty(self.root.shape[0], 1 + scratch_slots(t.top_k, t.depth), s.width,
-                                            device=self.root.device), s.generator)
-        tree, q_nodes = draft_tree(self.head, self.head_cache, self.root, self.root_out, self.root_logits,
-                                   self.root_pos, t, s, noise)
-        return tree, self.root_pos[:, None] + tree.depth, q_nodes
-
-    def verify(self, cap, tree: Tree, q_pos: torch.Tensor, positions: torch.Tensor):
-        masks = tree_masks(self.kinds, self.book.by_window(), q_pos, ancestors(tree.parent, self.tree.depth),
-                           self.model.dtype)
-        self._snap = CacheSnapshot(self.cache, tree.size)
-        logits = self.model(input_ids=tree.tokens, attention_mask=masks, position_ids=positions,
-                            **{self._cache_kwarg: self.cache}, use_cache=True).logits
-        return logits, cap.features()
-
-    def accept(self, tree: Tree, logits, q_nodes, processors, rows: list, depth: int, generator):
-        scores = process_tree_logits(processors, rows, tree, logits, depth) if processors or q_nodes is not None \
-            else logits
-        return (*accept(tree, scores, q_nodes, depth, generator), scores)
-
-    def update(self, tokens, q_pos, feats, accept_len, path, bonus) -> torch.Tensor:
-        new_tok, new_pos = committed(tokens, q_pos, accept_len, path, bonus)  # (B, D+1) each
-        packed = torch.cat((accept_len[:, None], new_tok), 1).cpu()  # this path's one host read
-        A = int(packed[:, 0].max()) + 1  # keep root + accepted nodes: A slots for every row, shorter paths padded
-        keep, new_pos = path[:, :A], new_pos[:, :A]
-        keep_path(self.cache, self._snap, self.book, keep, new_pos, tokens.shape[1])
-        # Head: entries pairing each kept node's true feature with the next committed token.
-        hidden = feats.gather(1, keep[:, :, None].expand(-1, -1, feats.shape[-1]))
-        self.head_cache, h_out, h_logits = extend_head(self.head, self.head_cache, hidden, new_tok[:, :A], new_pos)
-        self.root_out, self.root_logits = bonus_entry(h_out, h_logits, accept_len)
-        self.root = bonus.squeeze(1)
-        self.root_pos = self.root_pos + accept_len + 1
-        return packed
-
-    def read(self, packed: torch.Tensor) -> torch.Tensor:
-        return packed
-
-    def compact(self, keep: list[int]) -> None:
-        """Go on with the rows ``keep`` only (``rows.plan``), in that order."""
-        idx = torch.tensor(keep, device=self.root.device)
-        self.cache.batch_select_indices(idx)
-        self.book.full = self.book.full[idx]
-        self.book.windows = {w: p[idx] for w, p in self.book.windows.items()}
-        h = self.head_cache
-        self.head_cache = HeadCache(h.k[idx], h.v[idx], h.pos[idx], h.length, h.scratch)
-        self.root, self.root_pos, self.root_out, self.root_logits = (
-            t[idx] for t in (self.root, self.root_pos, self.root_out, self.root_logits))
-
-    def advance(self, n: int) -> None:
-        """Nothing to move: the cache grew in ``update``."""

@@ -1,8 +1,5 @@
-"""The engine's CUDA graphs: one ``torch.cuda.CUDAGraph`` per input signature, around an eager or compiled function.
-
-``wrapped(owner, name, fn, mode)`` is how the decode cycle runs its fixed-shape functions: eagerly (mode None),
-captured as they are ("graphs": no compiler, so a first call costs two runs of the function, not a compile), or
-compiled by inductor first (a ``torch.compile`` mode name) and then captured.
+"""The engine's CUDA graphs: one ``torch.cuda.CUDAGraph`` per input signature, around an eager or compiled function
+(``runner.py`` decides which steps run this way).
 
 Why not inductor's CUDA graph trees (``torch.compile(mode="reduce-overhead")``): every call of a graph-tree
 function runs dynamo's guards, checks the static inputs, copies the others and rebuilds the outputs in Python.
@@ -22,29 +19,25 @@ The contract, the same as the graph trees':
   everything the caller needs.
 Objects that are not tensors are part of the signature: plain values (and frozen dataclasses) by value, any other
 object by identity, checked through a weak reference so that a new object at a dead one's address is not taken
-for it. ``unkeyed`` positions are left out of the signature and passed as they are: the graph must not depend
-on them, and they must hold no tensors.
+for it. A frozen dataclass compared by identity (``eq=False``: the storage's ``Target`` and ``Buffers``) is keyed
+as the object it is, without looking inside: every tensor it holds must be static and never replaced (the storage
+makes a new object for new memory). ``unkeyed`` positions are left out of the signature and passed as they are:
+the graph must not depend on them, and they must hold no tensors.
 """
 from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections import OrderedDict
 
 import torch
 
-from .compiled import DiskCompiled
 from ..target.dynamo import is_static
 from .signature import Signature, alive
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OwnGraph", "wrapped", "setup_seconds", "nothing_to_undo", "COMPILE_MODES", "CUDA_GRAPH_MODES"]
-
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-_NO_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+__all__ = ["OwnGraph", "nothing_to_undo"]
 
 _MAX_GRAPHS = 8  # signatures kept per function; the oldest graph (and its memory pool) is dropped first
 class _Captured:
@@ -54,26 +47,35 @@ class _Captured:
 
 class OwnGraph:
     """``OwnGraph(torch.compile(fn, mode="default"), "what")(*args)``: runs ``fn`` at the first call of each
-    signature, captures it at the second, replays the capture from then on (CUDA tensors only; a call without any
-    CUDA tensor argument just runs the compiled function)."""
+    signature, captures it at the second, replays the capture from then on, on the GPU of its first CUDA tensor
+    argument, else on ``device`` (a function whose tensors all sit in arguments keyed by identity, say); a call with
+    neither just runs the compiled function."""
 
-    def __init__(self, inner, what: str, unkeyed: tuple[int, ...] = ()):
-        self.inner, self.what, self.unkeyed = inner, what, frozenset(unkeyed)
+    def __init__(self, inner, what: str, unkeyed: tuple[int, ...] = (), undo=None, device=None):
+        self.inner, self.what, self.unkeyed, self.undo = inner, what, frozenset(unkeyed), undo
+        self.device = torch.device(device) if device is not None and torch.device(device).type == "cuda" else None
         self._graphs: OrderedDict = OrderedDict()  # key -> _Captured, or a list of refs after the warm-up call
         self.captures = 0  # graphs captured so far (tests read it)
-        self.setup = 0.0  # seconds spent in warm-up calls and captures (``setup_seconds`` sums them)
+        self.setup = 0.0  # seconds spent in warm-up calls and captures
         self.failed: str | None = None  # why a capture failed: then every call just runs ``inner``
 
+    @property
+    def signatures(self) -> int:
+        """Signatures kept (captured, or run once and waiting for their capture)."""
+        return len(self._graphs)
+
     def __call__(self, *args, undo=None):
-        """``undo``: for a signature not seen yet, capture it in this call: ``undo()`` snapshots what the function
-        writes and returns a callable that restores it; the warm-up runs, the snapshot is restored, and the capture
-        runs and replays (the function's effect happens once). Without it, the capture waits for the second call of
-        the signature (a step that runs once per call, or last in a call, would then be captured by the next call)."""
+        """``undo`` (default: the ``undo`` given at construction): for a signature not seen yet, capture it in this
+        call: ``undo()`` snapshots what the function writes and returns a callable that restores it; the warm-up
+        runs, the snapshot is restored, and the capture runs and replays (the function's effect happens once).
+        Without it, the capture waits for the second call of the signature (a step that runs once per call, or last
+        in a call, would then be captured by the next call)."""
         sig = Signature(args, self.unkeyed)  # unkeyed arguments hold no tensors (the contract)
-        if sig.device is None:
+        device = sig.device if sig.device is not None else self.device
+        if device is None:
             return self.inner(*args)
-        with torch.cuda.device(sig.device):  # capture and replay on the arguments' GPU, whichever is current
-            return self._call(args, sig, undo)
+        with torch.cuda.device(device):  # capture and replay on the arguments' GPU, whichever is current
+            return self._call(args, sig, undo if undo is not None else self.undo)
 
     def _call(self, args: tuple, sig: Signature, undo=None):
         entry = self._graphs.get(sig.key)
@@ -143,37 +145,3 @@ def nothing_to_undo():
     """``OwnGraph``'s ``undo`` for a function whose second run repeats its first exactly (it writes only what it
     computes from inputs it does not write)."""
     return lambda: None
-
-
-# One wrapper per (owner, name, mode), kept between calls: a captured graph is bound to its buffers' addresses.
-_WRAPPED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def wrapped(owner, name: str, fn, mode: str | None, *, unkeyed: tuple[int, ...] = ()):
-    """``fn`` as the engine runs it, built once per (owner, name, mode).
-
-    mode None: ``fn`` itself. "graphs": ``OwnGraph(fn)``, eager kernels captured in a CUDA graph (no compiler; on a
-    CPU it just runs ``fn``). A ``torch.compile`` mode: ``torch.compile(fn, dynamic=False)`` without inductor's
-    own CUDA graphs, kept on disk whole (``compiled.DiskCompiled``), captured by ``OwnGraph`` when the mode asks for
-    graphs ("reduce-overhead", "max-autotune").
-    ``unkeyed``: positional arguments the graph does not depend on (see ``OwnGraph``).
-    """
-    if mode is None:
-        return fn
-    table = _WRAPPED.setdefault(owner, {})
-    key = (name, mode)
-    if key not in table:
-        what = f"{name} of {type(owner).__name__}"
-        if mode == "graphs":
-            table[key] = OwnGraph(fn, what, unkeyed)
-        elif mode in CUDA_GRAPH_MODES:
-            table[key] = OwnGraph(DiskCompiled(fn, what, _NO_GRAPHS[mode]), what, unkeyed)
-        else:
-            table[key] = DiskCompiled(fn, what, mode)
-        logger.debug("%s runs with mode=%s", what, mode)
-    return table[key]
-
-
-def setup_seconds(*fns) -> float:
-    """Seconds the given wrapped functions have spent so far compiling, warming up and capturing."""
-    return sum(getattr(f, "setup", 0.0) for f in fns)

@@ -1,4 +1,4 @@
-"""speculative_generate: prefill -> draft -> verify -> accept -> update, as a drop-in for ``generate``.
+"""speculative_generate: prefill, then cycles of draft, verify, accept, update, as a drop-in for ``generate``.
 
 ``speculative_generate`` hands its arguments to the target's own ``generate`` with our loop as the
 ``custom_generate`` callable, so HF prepares everything exactly as for ``generate``: the merged
@@ -7,46 +7,41 @@ generation config, special tokens, attention mask, logits processors and stoppin
 is the loop, and is also what ``model.generate(..., custom_generate=eagle_mm.custom_generate,
 head=head)`` runs.
 
-The cycle is written once (``_cycle``) over a storage: the engine's fixed buffers (``fixed.FixedStorage``, whose
-steps run as CUDA graphs on CUDA) by default, or HF's ``DynamicCache`` (``dynamic.DynamicStorage``), the fallback
-``options.choose_storage`` picks, with a logged reason, for what the engine cannot take.
+The loop runs on the decoder of (model, head, device) (``decoder.py``), which keeps the engine's storage and its
+captured or compiled steps between calls. ``_cycle`` is one cycle, top to bottom: each step is launched here.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
-import weakref
+from dataclasses import dataclass
 
 import torch
-from transformers import StoppingCriteriaList
-from transformers.generation.stopping_criteria import StopStringCriteria
 
-from ..target.parts import resolve_target
 from ..config import TreeConfig, bound_tree
-from ..target.features import FeatureCapture
 from ..target.generation import pad_token_id
 from ..target.multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
     verify_positions
-from .draft import DraftSampler, extend_head
-from .dynamic import DynamicStorage
-from .fixed import FixedStorage
-from .options import check_attention, check_generation_config, choose_storage, default_tree, resolve_tree, \
-    split_model_inputs
-from .processors import reads_input_ids, reads_tokens
-from .rows import plan
+from ..target.parts import resolve_target
+from ..target.features import FeatureCapture
+from .accept import accept
+from .decoder import Decoder, decoder
+from .draft import DraftSampler, head_entries
+from .options import check_attention, check_generation_config, check_prompt, choose_mode, default_tree, \
+    resolve_tree, split_model_inputs, stop_strings_to_criteria
+from .processors import process_tree_logits, reads_input_ids, reads_tokens
 from .skinny import skinny_linears
 from .state import DecodeState, SpeculativeOutput, SpeculativeStats
+from .runner import step_mode
+from .sampling import draft_noise, walk_noise
 from .stopping import Stops, first_stop
+from .storage import plan, prefill_length
+from .tree import Tree
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["speculative_generate", "custom_generate"]
-
-# The engine keeps one target cache per model and one set of buffers per head: calls on one model take turns.
-_LOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_LOCKS_GUARD = threading.Lock()
 
 
 def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | dict | str | None = None,
@@ -61,63 +56,32 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | dict | 
     (``options.default_tree``); or "auto": ``eagle_mm.decode.autotree.choose_tree`` calibrates on
     ``autotree_inputs`` (text prompts) or the first prompt row, on every call; run it once and pass its
     ``.tree`` to decode many prompts.
-    The default call runs the engine: fixed-address buffers and fixed shapes, its steps captured as CUDA graphs on
-    CUDA (no compiler; the first call of a shape captures them, later calls replay them) and eager elsewhere.
-    ``compile``: True compiles the verify and the update with inductor first (mode "reduce-overhead" on CUDA,
-    "default" elsewhere), or a ``torch.compile`` mode name ("max-autotune" modes compile the draft too): slower to
-    start, faster per cycle. ``cache_implementation``:
-    "dynamic" (or ``compile=False`` alone) runs the fallback loop over HF's ``DynamicCache``; "static" asks for
-    the engine. What the engine cannot take falls back with one logged line naming the reason.
-    ``stats.time_compile`` holds what the call spent compiling or capturing.
+    Every call runs the engine: fixed-address buffers and fixed shapes, kept between calls by the decoder of
+    (model, head, device) (``eagle_mm.decoder``), its steps captured as CUDA graphs on CUDA (no compiler; the first
+    call of a shape captures them, later calls replay them) and eager elsewhere. ``compile``: True compiles the
+    verify and the update with inductor first (mode "reduce-overhead" on CUDA, "default" elsewhere), or a
+    ``torch.compile`` mode name ("max-autotune" modes compile the draft too): slower to start, faster per cycle;
+    False runs the steps eagerly, as ``cache_implementation="dynamic"`` does ("static": the default). Steps that
+    cannot be captured (a target split over devices, subclassed warpers) run eagerly, with one logged line naming
+    the reason. ``stats.time_compile`` holds what the call spent compiling or capturing.
     """
     if "custom_generate" in kwargs:
         raise ValueError("speculative_generate sets custom_generate itself; do not pass it")
     ids = inputs if inputs is not None else kwargs.get("input_ids")
     check_attention(model)
     parts = resolve_target(model)
-    _check_prompt(ids, kwargs.get("attention_mask"), parts.vocab_size)
+    check_prompt(ids, kwargs.get("attention_mask"), parts.vocab_size)
     if parts.is_vlm:
         check_images(parts, model.config, ids, kwargs)
     # generate() hands a custom_generate callable neither the streamer nor the tokenizer: pass the
     # streamer under our own name and turn stop strings into a stopping criterion here.
     streamer = kwargs.pop("streamer", None)
-    _stop_strings_to_criteria(model, kwargs)
+    stop_strings_to_criteria(model, kwargs)
     resolve_tree(tree)  # fail before generate() does any work
-    choose_storage(cache_implementation, compile, None, None, ())
+    choose_mode(cache_implementation, compile)
     return model.generate(inputs, custom_generate=custom_generate, head=head, tree=tree, generator=generator,
                           eagle_streamer=streamer, autotree_inputs=autotree_inputs,
                           eagle_cache_implementation=cache_implementation, eagle_compile=compile, **kwargs)
-
-
-def _stop_strings_to_criteria(model, kwargs: dict) -> None:
-    tokenizer = kwargs.pop("tokenizer", None)
-    config = kwargs.get("generation_config") or model.generation_config
-    stop = kwargs.get("stop_strings", getattr(config, "stop_strings", None))
-    if not stop:
-        return
-    if tokenizer is None:
-        raise ValueError(f"stop_strings={stop!r} needs the tokenizer: pass tokenizer=... as to generate()")
-    criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
-    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop))
-    kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
-
-
-def _check_prompt(ids, mask, vocab_size: int) -> None:
-    """Fail early with the shapes and values, before generate() fails deep inside with an index error."""
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or 0 in ids.shape:
-        got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise ValueError(f"input_ids must be a non-empty (batch, length) tensor, got {got}")
-    if ids.is_floating_point() or ids.dtype == torch.bool:
-        raise ValueError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab_size:
-        raise ValueError(f"input_ids hold token ids in [{low}, {high}], outside the target's vocabulary "
-                         f"[0, {vocab_size}): encode the prompt with the target's own tokenizer")
-    if mask is not None and tuple(mask.shape) != tuple(ids.shape):
-        raise ValueError(f"attention_mask shape {tuple(mask.shape)} != input_ids shape {tuple(ids.shape)}")
-    empty = [] if mask is None else (~mask.bool().any(dim=-1)).nonzero().flatten().tolist()
-    if empty:
-        raise ValueError(f"prompt row(s) {empty} are empty (attention_mask all 0); give each row at least one token")
 
 
 def custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
@@ -126,8 +90,8 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     """The speculative loop in the signature of transformers' ``custom_generate`` callables.
 
     ``model.generate(..., custom_generate=eagle_mm.custom_generate, head=head)`` runs it. transformers
-    does not pass ``streamer`` to such callables: stream with ``eagle_streamer=`` on that route, and choose the
-    storage with ``eagle_cache_implementation=`` / ``eagle_compile=`` (see ``speculative_generate``).
+    does not pass ``streamer`` to such callables: stream with ``eagle_streamer=`` on that route, and choose how the
+    steps run with ``eagle_cache_implementation=`` / ``eagle_compile=`` (see ``speculative_generate``).
     """
     if eagle_streamer is not None:
         streamer = eagle_streamer
@@ -153,39 +117,25 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size
     if tree.top_k > vd:
         raise ValueError(f"tree top_k={tree.top_k} exceeds the head's draft vocabulary of {vd} tokens")
-    kind, mode, kinds = choose_storage(eagle_cache_implementation, eagle_compile, model, parts, logits_processor,
-                                       device=input_ids.device)
+    mode = choose_mode(eagle_cache_implementation, eagle_compile, model, logits_processor, device=input_ids.device)
     sampler = DraftSampler.from_processors(logits_processor, head, generator, tree.top_k) if gen.do_sample else None
-    stops = Stops.of(stopping_criteria)
-    stats = SpeculativeStats(accept_counts=[0] * tree.depth, tree=tree, autotree=autotree, engine=kind, mode=mode)
-    lock = _model_lock(model) if kind == "fixed" else contextlib.nullcontext()
+    stats = SpeculativeStats(accept_counts=[0] * tree.depth, tree=tree, autotree=autotree, mode=mode)
+    dec = decoder(model, head, input_ids.device)
     # Eager cycles on a CPU: few-row linears as W @ x^T (skinny.py); a compiler chooses its own kernels, and the
     # prefill keeps generate()'s own arithmetic (its first token and features are bit for bit generate()'s).
-    eager_cpu = input_ids.device.type == "cpu" and (kind == "dynamic" or mode is None)
-    linears = skinny_linears(model, head) if eager_cpu else contextlib.nullcontext()
-    with lock, FeatureCapture(parts, head.feature_layers(parts.num_layers),
-                              input_embeds=head.reads_images(parts)) as cap:
-        if kind == "fixed":
-            store = FixedStorage(model, head, kinds, tree, input_ids.shape[0], input_ids.shape[1],
-                                 gen.max_length, mode, sampler)
-        else:
-            store = DynamicStorage(model, head, parts, tree, sampler)
-        setup0 = store.setup
+    eager_cpu = input_ids.device.type == "cpu" and mode is None
+    with dec.lock, dec.capture() as cap:
+        call = _Call(model, dec, cap, gen, logits_processor, reads_input_ids(logits_processor),
+                     Stops.of(stopping_criteria), streamer, generator, stats, parts, parts.position_limit)
+        setup0 = dec.setup
         t0 = time.perf_counter()
-        state = _prefill(model, head, cap, store, input_ids, mask, position_ids, images, logits_processor, gen,
-                         generator)
-        _commit(state, state.first[:, None].tolist(), stops, streamer)
+        dec.begin(tree, mode, input_ids.shape[0], input_ids.shape[1], gen.max_length, sampler)
+        state = _prefill(call, input_ids, mask, position_ids, images)
         stats.time_prefill += time.perf_counter() - t0
-        with linears:
+        with skinny_linears(model, head) if eager_cpu else contextlib.nullcontext():
             while not all(state.finished):
-                keep = plan(state.slots, state.finished, store.pow2) if store.compacts else None
-                if keep is not None:  # finished rows stop costing: the storage goes on with the others
-                    store.compact(keep)
-                    state.keep(keep)
-                _check_cache_room(parts, store.cur, tree)
-                _cycle(model, head, cap, store, state, tree, gen, logits_processor, stops, streamer,
-                       sampler, generator, stats)
-        stats.time_compile = store.setup - setup0
+                _cycle(call, state)
+        stats.time_compile = dec.setup - setup0
     if streamer is not None:
         streamer.end()
     sequences = _assemble(input_ids, state.generated, pad_token_id(gen))
@@ -194,20 +144,143 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     return SpeculativeOutput(sequences, stats, _per_step(state.logits), _per_step(state.scores))
 
 
+@dataclass
+class _Call:
+    """What the prefill and every cycle of one call read."""
+
+    model: object
+    dec: Decoder
+    cap: FeatureCapture  # the decoder's, entered for the call
+    gen: object  # generate()'s generation config
+    processors: object  # generate()'s logits processors
+    reads_ids: bool  # a processor reads the sequence so far (processors.reads_input_ids)
+    stops: Stops
+    streamer: object
+    generator: torch.Generator | None
+    stats: SpeculativeStats
+    parts: object  # the target's TargetParts
+    limit: int | None  # the target's position limit (TargetParts.position_limit)
+
+
+def _prompt_forward(call: _Call, input_ids, slot_pos, position_ids, images):
+    """The prompt's forward into slots [0, T'). Returns (logits (B, V) after the last token, features (B, T', F),
+    input ids (B, T'), slot positions (B, T')); T' = ``prefill_length(T)`` for text prompts whose prefill is
+    captured (left-padded with empty slots), else T (eager; a vision-language prompt: run by the model's own forward,
+    with its images, token types and M-RoPE positions)."""
+    store = call.dec.storage
+    if images is not None:  # the vision tower, the merged embeddings, its image masks: the model's own forward
+        model_pos = images.positions if images.positions is not None else position_ids
+        out = call.model(input_ids=input_ids, attention_mask=(slot_pos >= 0).long(), position_ids=model_pos,
+                         **images.inputs, **{store.kwarg: store.cache}, use_cache=True, logits_to_keep=1)
+        store.positions(slot_pos)
+        return out.logits[:, -1], call.cap.features(), input_ids, slot_pos
+    B, T = input_ids.shape
+    # Bucketing pads a prompt so that nearby lengths replay one captured prefill: eagerly, padding only costs.
+    pad = prefill_length(T) - T if step_mode("prefill", call.dec.runner.mode) == "graphs" else 0
+    if pad:
+        input_ids = torch.cat((input_ids.new_zeros(B, pad), input_ids), 1)
+        slot_pos = torch.cat((slot_pos.new_full((B, pad), -1), slot_pos), 1)
+        position_ids = torch.cat((position_ids.new_zeros(B, pad), position_ids), 1)
+    store.positions(slot_pos)
+    write = torch.arange(T + pad, device=input_ids.device)
+    # Also allocates a new cache's layers, before any compiled step.
+    logits, feats = call.dec.runner.prefill(call.model, store.in_use(T + pad), call.cap, input_ids, slot_pos, write,
+                                            position_ids)
+    return logits[:, -1], feats, input_ids, slot_pos
+
+
+def _prefill(call: _Call, input_ids, mask, position_ids, images) -> DecodeState:
+    """The prompt's forward, the first token, and the head's entries for the prompt, into the decoder's buffers."""
+    head, gen, cap = call.dec.head, call.gen, call.cap
+    slot_pos = position_ids.masked_fill(mask == 0, -1)  # (B, T)
+    last_logits, feats, ids, slot_pos = _prompt_forward(call, input_ids, slot_pos, position_ids, images)  # T' >= T
+    if head.hides_image_features(cap.parts):  # the stricter image ablation: zeros at the image positions
+        feats = hide_image_features(feats, ids, cap.parts.image_token_id)
+    scores = last_logits.float()
+    if call.processors:
+        scores = call.processors(input_ids, scores)
+    root = _choose(scores, gen.do_sample, call.generator)  # (B,)
+    head_tokens = torch.cat((ids[:, 1:], root[:, None]), 1)  # entry t pairs feature t with token t+1
+    embeds = None
+    if cap.keeps_input_embeds:
+        # The target's merged embeddings (image features at image positions), shifted like head_tokens.
+        embeds = torch.cat((cap.input_embeds()[:, 1:], head.embed(root[:, None]).to(feats.device)), 1)
+    h_out, h_logits, (k, v) = head_entries(head, None, feats, head_tokens, slot_pos, embeds=embeds)
+    call.dec.start(k, v, slot_pos, root, position_ids[:, -1] + 1, h_out[:, -1], h_logits[:, -1])
+    B = input_ids.shape[0]
+    state = DecodeState(prompt=input_ids.tolist(), generated=[[] for _ in range(B)], finished=[False] * B,
+                        first=root.cpu(), rope_offsets=rope_offsets(images, position_ids) if images is not None
+                        else None, logits=[[r] for r in last_logits.float().cpu()] if gen.output_logits else None,
+                        scores=[[r] for r in scores.cpu()] if gen.output_scores else None)
+    _commit(call, state, state.first[:, None], [0] * B)
+    return state
+
+
+def _draft(dec) -> None:
+    """Launch the draft of the next tree into the decoder's buffers."""
+    buf, t = dec.storage.buf, dec.tree
+    if dec.sampler is not None:
+        draft_noise(buf.noise, dec.generator)  # outside the step: a user's torch.Generator cannot be captured
+    dec.runner.draft(dec.head, buf, dec.sampler, t.top_k, t.depth, t.total_tokens)
+
+
+def _cycle(call: _Call, state: DecodeState) -> None:
+    """One cycle, top to bottom: drop finished rows, draft, verify, the processors, accept, update, read, commit."""
+    dec, stats = call.dec, call.stats
+    run, store, t = dec.runner, dec.storage, dec.tree
+    if state.shrink:  # rows finished: the storage goes on with the others (compiled runs keep their batch)
+        keep = plan(state.slots, state.finished, run.mode == "graphs") if run.mode in (None, "graphs") else None
+        if keep is not None:
+            store.compact(keep)
+            state.keep(keep)
+        state.shrink = False
+    Q = t.total_tokens + 1
+    if call.limit is not None:
+        _check_cache_room(call.parts, store.cur, t)
+    t0 = time.perf_counter()
+    if not state.drafted:  # else the previous cycle launched this cycle's draft ahead
+        _draft(dec)
+    t1 = time.perf_counter()
+    buf = store.buf  # the tree (B, Q) is in the buffers
+    positions = buf.q_pos if state.rope_offsets is None else verify_positions(buf.q_pos, state.rope_offsets)
+    write = torch.arange(store.cur, store.cur + Q, device=buf.q_pos.device)  # the tree's slots
+    logits, feats = run.verify(call.model, store.in_use(store.cur + Q), buf, call.cap, write, positions, t.depth)
+    if dec.sampler is not None and not call.reads_ids:  # input-free warpers: one step with the acceptance
+        walk_noise(buf.u, buf.e, dec.generator)  # outside the step, like the draft's
+        accept_len, path, bonus, scores = run.accept(buf, logits, dec.sampler, t.depth)  # (B,), (B, D+1), (B, 1)
+    else:  # the processors, in their own step, then the acceptance
+        tree = Tree(buf.tokens, buf.parent, buf.depth)
+        scores = logits if not call.processors and dec.sampler is None else \
+            process_tree_logits(call.processors, _rows(call.processors, state), tree, logits, t.depth)
+        accept_len, path, bonus = accept(tree, scores, buf.q_nodes, t.depth, call.generator)
+    # output_logits / output_scores: copied out before the next verify reuses the logits' memory
+    kept = _kept_rows(state, path, logits, scores) if state.logits is not None or state.scores is not None else None
+    t2 = time.perf_counter()
+    # Keep the path, extend the head and set the next root on the device, then start the cycle's one host read of
+    # the accept lengths and new tokens.
+    host = store.read(run.update(dec.head, store.target, buf, feats, accept_len, path, bonus))  # (B, 1 + D+1)
+    t3 = time.perf_counter()
+    state.drafted = dec.overlaps  # CUDA: the next draft runs on the device while the host commits
+    if state.drafted:
+        _draft(dec)
+    t4 = time.perf_counter()
+    if state.drafted:
+        store.wait()  # for the copy only, not for the draft queued after it
+    acc = host[:, 0].tolist()  # per storage row
+    _count(stats, state, acc, Q - 1)
+    _commit(call, state, host[:, 1:], acc, kept)
+    store.cur += max(acc) + 1  # the host's copy of the write pointer, as update_step moved the device's
+    stats.time_draft += t1 - t0 + t4 - t3
+    stats.time_verify += t2 - t1
+    stats.time_other += t3 - t2 + time.perf_counter() - t4
+
+
 def _per_step(rows: list[list[torch.Tensor]] | None):
     """Per-row lists of (V,) rows -> generate()'s tuple of (B, V) per new token (a finished row repeats its last)."""
     if rows is None:
         return None
     width = max(len(r) for r in rows)
     return tuple(torch.stack([r[min(i, len(r) - 1)] for r in rows]) for i in range(width))
-
-
-def _model_lock(model) -> threading.RLock:
-    with _LOCKS_GUARD:
-        lock = _LOCKS.get(model)
-        if lock is None:
-            lock = _LOCKS[model] = threading.RLock()
-        return lock
 
 
 def _auto_tree(model, head, input_ids, attention_mask, images, calib_inputs):
@@ -244,89 +317,34 @@ def _choose(scores: torch.Tensor, do_sample: bool, generator) -> torch.Tensor:
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
-def _prefill(model, head, cap, store, input_ids, mask, position_ids, images, processors, gen,
-             generator) -> DecodeState:
-    """The prompt's forward, the first token, and the head's entries for the prompt."""
-    slot_pos = position_ids.masked_fill(mask == 0, -1)  # (B, T)
-    extra, model_pos = None, position_ids
-    if images is not None:  # a VLM: images (encoded once, here), token types, M-RoPE positions
-        extra = images.inputs
-        model_pos = images.positions if images.positions is not None else position_ids
-    last_logits, feats, ids, slot_pos = store.prefill(cap, input_ids, slot_pos, model_pos, extra)  # T' >= T slots
-    if head.hides_image_features(cap.parts):  # the stricter image ablation: zeros at the image positions
-        feats = hide_image_features(feats, ids, cap.parts.image_token_id)
-    scores = last_logits.float()
-    if processors:
-        scores = processors(input_ids, scores)
-    root = _choose(scores, gen.do_sample, generator)  # (B,)
-    head_tokens = torch.cat((ids[:, 1:], root[:, None]), 1)  # entry t pairs feature t with token t+1
-    embeds = None
-    if cap.keeps_input_embeds:
-        # The target's merged embeddings (image features at image positions), shifted like head_tokens.
-        embeds = torch.cat((cap.input_embeds()[:, 1:], head.embed(root[:, None]).to(feats.device)), 1)
-    hcache, h_out, h_logits = extend_head(head, None, feats, head_tokens, slot_pos, embeds=embeds)
-    store.start(hcache, root, position_ids[:, -1] + 1, h_out[:, -1], h_logits[:, -1])
-    B = input_ids.shape[0]
-    logits = [[r] for r in last_logits.float().cpu()] if gen.output_logits else None
-    kept_scores = [[r] for r in scores.cpu()] if gen.output_scores else None
-    return DecodeState(prompt=input_ids.tolist(), generated=[[] for _ in range(B)], finished=[False] * B,
-                       first=root.cpu(), rope_offsets=rope_offsets(images, position_ids) if images is not None
-                       else None, logits=logits, scores=kept_scores)
-
-
 def _kept_rows(state: DecodeState, path: torch.Tensor, logits: torch.Tensor, scores: torch.Tensor):
     """output_logits / output_scores: the (B, D+1, V) rows at the path's nodes (node j chose committed token j),
-    copied out of the verify's output; None when neither was asked for."""
-    if state.logits is None and state.scores is None:
-        return None
+    copied out of the verify's output."""
     idx = path[:, :, None].expand(-1, -1, logits.shape[-1])
     return (logits.gather(1, idx).float().cpu() if state.logits is not None else None,
             scores.gather(1, idx).float().cpu() if state.scores is not None else None)
 
 
-def _commit(state: DecodeState, new_tokens: list[list[int]], stops: Stops, streamer, kept=None) -> None:
+def _commit(call: _Call, state: DecodeState, tokens: torch.Tensor, accepted: list[int], kept=None) -> None:
     """Append each row's new tokens, up to where generate()'s criteria, asked after every token, stop it.
-    new_tokens[i]: the tokens of storage row i (``state.slots``); ``kept``: the (B', K, V) logits and scores behind
-    them (output_logits / output_scores), or None."""
-    for i, (b, toks) in enumerate(zip(state.slots, new_tokens)):
+    Storage row i (``state.slots``) commits ``tokens[i, :accepted[i] + 1]`` (host (B', K)); ``kept``: the (B', K, V)
+    logits and scores behind them (output_logits / output_scores), or None."""
+    for i, b in enumerate(state.slots):
         if state.finished[b]:
             continue
+        toks = tokens[i, : accepted[i] + 1].tolist()
         # One host tensor per row and cycle; the criteria see its prefixes, as generate() would.
         seq = torch.tensor(state.prompt[b] + state.generated[b] + toks, dtype=torch.long)[None]
-        stop = first_stop(stops, seq, seq.shape[1] - len(toks))
+        stop = first_stop(call.stops, seq, seq.shape[1] - len(toks))
         taken = toks if stop is None else toks[: stop + 1]
         state.generated[b].extend(taken)
-        state.finished[b] = stop is not None
+        if stop is not None:
+            state.finished[b] = state.shrink = True
         for rows, part in zip((state.logits, state.scores), kept or ()):
             if rows is not None:
                 rows[b].extend(part[i, : len(taken)])
-        if streamer is not None and b == 0 and taken:
-            streamer.put(torch.tensor(taken))
-
-
-def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, gen, processors, stops: Stops, streamer,
-           sampler, generator, stats: SpeculativeStats) -> None:
-    D = tree_cfg.depth
-    t0 = time.perf_counter()
-    tree, q_pos, q_nodes = store.draft()  # (B, N+1) each; q_nodes (B, N+1, V) when sampling
-    t1 = time.perf_counter()
-    # Verify: root + N nodes in one target forward with the tree mask, then the acceptance.
-    logits, feats = store.verify(cap, tree, q_pos, verify_positions(q_pos, state.rope_offsets))  # (B, N+1, V|F)
-    accept_len, path, bonus, scores = store.accept(tree, logits, q_nodes, processors, _rows(processors, state), D,
-                                                   generator)
-    kept = _kept_rows(state, path, logits, scores)  # before the next verify reuses the logits' memory
-    # Keep the path, extend the head and set the next root on the device, then the cycle's one host read of the
-    # accept lengths and new tokens (the engine queues the next draft behind it on CUDA).
-    host = store.read(store.update(tree.tokens, q_pos, feats, accept_len, path, bonus))  # (B, 1 + D+1)
-    t2 = time.perf_counter()
-    acc = host[:, 0].tolist()  # per storage row
-    _count(stats, acc, [state.finished[b] for b in state.slots], tree.size - 1)
-    _commit(state, [host[b, 1: acc[b] + 2].tolist() for b in range(len(acc))], stops, streamer, kept)
-    store.advance(max(acc) + 1)
-    t3 = time.perf_counter()
-    stats.time_draft += t1 - t0
-    stats.time_verify += t2 - t1
-    stats.time_other += t3 - t2
+        if call.streamer is not None and b == 0 and taken:
+            call.streamer.put(torch.tensor(taken))
 
 
 def _rows(processors, state: DecodeState) -> list:
@@ -339,15 +357,17 @@ def _rows(processors, state: DecodeState) -> list:
     return [len(state.prompt[b]) + len(state.generated[b]) for b in state.slots]
 
 
-def _count(stats: SpeculativeStats, acc: list[int], finished: list[bool], n_draft: int) -> None:
-    active = [b for b, f in enumerate(finished) if not f]
+def _count(stats: SpeculativeStats, state: DecodeState, acc: list[int], n_draft: int) -> None:
+    """One verify forward's acceptance, over the rows still live (acc: per storage row)."""
     stats.num_target_forwards += 1
-    stats.num_drafts += len(active)
-    stats.num_draft_tokens += len(active) * n_draft
-    for b in active:
-        stats.accepted_tokens += acc[b] + 1
-        for i in range(acc[b]):
-            stats.accept_counts[i] += 1
+    for i, b in enumerate(state.slots):
+        if state.finished[b]:
+            continue
+        stats.num_drafts += 1
+        stats.num_draft_tokens += n_draft
+        stats.accepted_tokens += acc[i] + 1
+        for j in range(acc[i]):
+            stats.accept_counts[j] += 1
 
 
 def _assemble(input_ids: torch.Tensor, generated: list[list[int]], pad: int) -> torch.Tensor:

@@ -1,24 +1,26 @@
-"""Checks on what ``generate`` prepared for our loop: every option takes effect or raises.
+"""The call's arguments and settings: every option takes effect or raises.
 
 HF's ``generate`` merges kwargs into the generation config, builds logits processors and stopping
-criteria, and prepares model inputs; the options below are the ones our loop cannot honour.
+criteria, and prepares model inputs; the options below are the ones our loop cannot honour. The tree and how the
+steps run (``choose_mode``) are settled here too.
 """
 from __future__ import annotations
 
 import logging
 
 import torch
+from transformers import StoppingCriteriaList
+from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ..config import TreeConfig
 from ..target.generation import INPUT_FREE, attention_implementation, placement_devices
-from .graphs import COMPILE_MODES
-from .masks import layer_kinds
+from .runner import COMPILE_MODES, CUDA_GRAPH_MODES
 from .processors import capturable_warpers
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_generation_config", "check_attention", "split_model_inputs", "choose_storage",
-           "default_tree", "resolve_tree", "CACHE_IMPLEMENTATIONS"]
+__all__ = ["check_prompt", "stop_strings_to_criteria", "check_generation_config", "check_attention",
+           "split_model_inputs", "choose_mode", "default_tree", "resolve_tree", "CACHE_IMPLEMENTATIONS"]
 
 CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
 
@@ -40,6 +42,39 @@ _UNSUPPORTED = {
 # Model inputs HF prepares that the loop handles itself; anything else is refused by name.
 _HANDLED_INPUTS = ("attention_mask", "position_ids", "use_cache", "cache", "past_key_values", "logits_to_keep",
                    "cache_position")
+
+
+def stop_strings_to_criteria(model, kwargs: dict) -> None:
+    """generate()'s ``stop_strings`` (with ``tokenizer``) in ``kwargs`` as a stopping criterion, in place: generate()
+    hands a ``custom_generate`` callable no tokenizer."""
+    tokenizer = kwargs.pop("tokenizer", None)
+    config = kwargs.get("generation_config") or model.generation_config
+    stop = kwargs.get("stop_strings", getattr(config, "stop_strings", None))
+    if not stop:
+        return
+    if tokenizer is None:
+        raise ValueError(f"stop_strings={stop!r} needs the tokenizer: pass tokenizer=... as to generate()")
+    criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
+    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop))
+    kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
+
+
+def check_prompt(ids, mask, vocab_size: int) -> None:
+    """Fail early with the shapes and values, before generate() fails deep inside with an index error."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or 0 in ids.shape:
+        got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"input_ids must be a non-empty (batch, length) tensor, got {got}")
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"input_ids hold token ids in [{low}, {high}], outside the target's vocabulary "
+                         f"[0, {vocab_size}): encode the prompt with the target's own tokenizer")
+    if mask is not None and tuple(mask.shape) != tuple(ids.shape):
+        raise ValueError(f"attention_mask shape {tuple(mask.shape)} != input_ids shape {tuple(ids.shape)}")
+    empty = [] if mask is None else (~mask.bool().any(dim=-1)).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"prompt row(s) {empty} are empty (attention_mask all 0); give each row at least one token")
 
 
 def check_generation_config(gen) -> None:
@@ -128,52 +163,43 @@ def default_tree(device: torch.device, batch: int, sampled: bool = False) -> Tre
     return TreeConfig(depth=4, top_k=2, total_tokens=6)
 
 
-def choose_storage(cache_implementation, compile, model, parts, processors, *, device=None):
-    """("fixed" | "dynamic", mode, layer kinds or None): where the call runs and how its steps run.
-
-    The engine ("fixed") unless asked for the fallback (``cache_implementation="dynamic"``, or ``compile=False``
-    alone) or the call is one the engine cannot take, which is logged with its reason. mode (engine): None eager,
-    "graphs" (CUDA graphs of the eager steps, the default on CUDA) or a ``torch.compile`` mode. With ``model``
-    None only the options are checked.
-    """
+def choose_mode(cache_implementation, compile, model=None, processors=None, *, device=None) -> str | None:
+    """How the call's steps run (``runner.py``): None eagerly, "graphs" (CUDA graphs of the eager steps, the default
+    on CUDA) or a ``torch.compile`` mode. Every call runs the engine's one storage; ``cache_implementation="dynamic"``
+    or ``compile=False`` ask for eager steps. A call whose steps cannot be captured runs them eagerly, with one logged
+    line naming the reason. With ``model`` None only the options are checked."""
     if cache_implementation not in CACHE_IMPLEMENTATIONS:
         raise ValueError(f"cache_implementation={cache_implementation!r} is not supported; expected one of "
-                         f"{CACHE_IMPLEMENTATIONS[1:]} (or None for the default, the engine)")
+                         f"{CACHE_IMPLEMENTATIONS[1:]} (or None for the default)")
     if compile not in (None, True, False) and (not isinstance(compile, str) or compile not in COMPILE_MODES):
         raise ValueError(f"compile={compile!r}: expected None, True, False or a torch.compile mode {COMPILE_MODES}")
     if compile not in (None, False) and cache_implementation == "dynamic":
-        raise ValueError(f"compile={compile!r} needs the engine's fixed shapes; cache_implementation='dynamic' "
-                         f"has none: drop one of the two")
-    if model is None:
-        return None
-    if cache_implementation == "dynamic" or (compile is False and cache_implementation is None):
-        return "dynamic", None, None
-    reason = _engine_refuses(model, parts, processors)
-    if reason is not None:
-        logger.warning("speculative_generate runs the dynamic-cache fallback: %s", reason)
-        return "dynamic", None, None
-    cuda = torch.device(device).type == "cuda"
-    if compile is None or compile is False:
-        mode = "graphs" if cuda and compile is None else None
+        raise ValueError(f"compile={compile!r} compiles the engine's fixed-shape steps; cache_implementation='dynamic' "
+                         f"asks for eager steps: drop one of the two")
+    cuda = device is not None and torch.device(device).type == "cuda"
+    if compile is False or cache_implementation == "dynamic":
+        mode = None
+    elif compile is None:
+        mode = "graphs" if cuda else None
     elif compile is True:
         mode = "reduce-overhead" if cuda else "default"
     else:
-        mode = compile if cuda or compile not in ("reduce-overhead", "max-autotune") else "default"
-    return "fixed", mode, layer_kinds(parts.text_config, parts.num_layers)
+        mode = compile if cuda or compile not in CUDA_GRAPH_MODES else "default"
+    reason = _not_captured(model, processors) if mode is not None and model is not None else None
+    if reason is not None:
+        logger.warning("speculative_generate runs its steps eagerly (mode=%r asked for): %s", mode, reason)
+        return None
+    return mode
 
 
-def _engine_refuses(model, parts, processors) -> str | None:
-    """Why the engine cannot take this call, or None."""
+def _not_captured(model, processors) -> str | None:
+    """Why the call's steps cannot be captured or compiled, or None."""
     devices = placement_devices(model)
     if len(devices) > 1:
-        return f"the target is split over devices {devices}, and the engine's graphs run on one device"
-    try:
-        layer_kinds(parts.text_config, parts.num_layers)
-    except ValueError as e:
-        return str(e)
-    # A subclass of a warper joins the draft's warpers (isinstance), whose code runs inside the draft's graph.
+        return f"the target is split over devices {devices}, and a captured step runs on one device"
+    # A subclass of a warper joins the draft's warpers (isinstance), whose code would run inside the draft's graph.
     odd = [type(p).__name__ for p in processors or [] if isinstance(p, INPUT_FREE) and not capturable_warpers([p])]
     if odd:
-        return (f"logits processor(s) {odd} subclass a transformers warper, which the engine's draft step runs "
-                f"inside its graph; only transformers' own warpers are run there")
+        return (f"logits processor(s) {odd} subclass a transformers warper, which the draft step would run inside "
+                f"its graph; only transformers' own warpers are captured")
     return None

@@ -12,7 +12,7 @@ __all__ = ["DecodeState", "SpeculativeOutput", "SpeculativeStats"]
 
 @dataclass
 class DecodeState:
-    """What the host keeps per row; the device side lives in the storage (``fixed``/``dynamic``)."""
+    """What the host keeps per row; the device side lives in the decoder's storage (``storage.py``)."""
 
     prompt: list[list[int]]  # per row, the (padded) prompt as generate() sees it
     generated: list[list[int]]  # per row, committed new tokens
@@ -23,6 +23,8 @@ class DecodeState:
     logits: list[list[torch.Tensor]] | None = None
     scores: list[list[torch.Tensor]] | None = None
     slots: list[int] = field(default_factory=list)  # [i]: the row in the storage's row i (fewer once rows finish)
+    drafted: bool = False  # the next cycle's tree was drafted ahead (on CUDA, while the host committed)
+    shrink: bool = False  # rows finished since the storage last dropped finished rows
 
     def __post_init__(self):
         if not self.slots:
@@ -32,7 +34,7 @@ class DecodeState:
         return torch.tensor(self.prompt[b] + self.generated[b], dtype=torch.long)
 
     def keep(self, keep: list[int]) -> None:
-        """The storage went on with its rows ``keep`` (``rows.plan``), in that order."""
+        """The storage went on with its rows ``keep`` (``storage.plan``), in that order."""
         self.slots = [self.slots[i] for i in keep]
         if self.rope_offsets is not None:
             self.rope_offsets = self.rope_offsets[:, keep]
@@ -47,15 +49,17 @@ class SpeculativeStats:
     num_draft_tokens: int = 0  # draft nodes sent to verification, over all rows
     accept_counts: list[int] = field(default_factory=list)  # [i]: drafts whose accepted length >= i+1
     accepted_tokens: int = 0  # tokens gained from verify forwards (accepted + bonus)
-    time_draft: float = 0.0  # seconds growing trees (head forwards)
-    time_verify: float = 0.0  # seconds in target verify forwards and acceptance
-    time_other: float = 0.0  # per-cycle bookkeeping (committing tokens, stopping checks, the dynamic cache/head update)
+    # Host seconds per part of the cycles. On CUDA the steps are launched and the GPU runs them behind: the draft and
+    # the verify count their launches, and the GPU's time shows where the host waits for it, in time_other's read.
+    time_draft: float = 0.0  # the draft steps (head forwards growing trees)
+    time_verify: float = 0.0  # the target's verify forwards, the logits processors and the acceptance
+    time_other: float = 0.0  # the update step (keep the path, extend the head), the one host read, committing tokens
     time_prefill: float = 0.0  # seconds from the call's start to its first token: prefill forward and setup
     time_compile: float = 0.0  # seconds of the above spent compiling or capturing graphs (first calls of a shape)
     tree: TreeConfig | None = None  # the draft tree the loop ran with
     autotree: object = None  # with tree="auto": the calibration that chose it (``autotree.AutoTreeResult``)
-    engine: str = "fixed"  # "fixed": the engine's buffers; "dynamic": the fallback over HF's DynamicCache
-    mode: str | None = None  # the engine's step mode: None eager, "graphs", or a torch.compile mode
+    engine: str = "fixed"  # the storage: always the engine's fixed buffers (the one storage)
+    mode: str | None = None  # how the steps ran: None eagerly, "graphs" (CUDA graphs), or a torch.compile mode
 
     @property
     def mean_accept_length(self) -> float:

@@ -47,7 +47,7 @@ def first_stop(stops: Stops, seq: torch.Tensor, start: int) -> int | None:
         hit = torch.isin(seq[0, start:start + stop], stops.eos).nonzero()
         if hit.numel():
             stop = int(hit[0])
-    if any(bool(c(seq, None).any()) for c in stops.timers):  # the clock does not depend on the tokens
+    if stops.timers and any(bool(c(seq, None).any()) for c in stops.timers):  # the clock: now for all, or none
         stop = 0
     for i in range(stop if stops.others else 0):
         prefix = seq[:, : start + i + 1]

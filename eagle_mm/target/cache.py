@@ -83,7 +83,9 @@ def pointers(cache) -> list[torch.Tensor]:
 
 def keep_slots(cache, src: torch.Tensor, dst: torch.Tensor, new_len: torch.Tensor) -> None:
     """In place, per allocated layer: slots dst (K,) <- slots src (B, K) of each row; the write pointer <- new_len."""
-    for layer in filled_layers(cache):
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
         for t in (layer.keys, layer.values):
             B, h, _, d = t.shape
             idx = src.to(t.device)[:, None, :, None].expand(B, h, -1, d)

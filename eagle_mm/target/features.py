@@ -40,20 +40,19 @@ class FeatureCapture:
         if bad:
             raise ValueError(f"hidden_states index {bad} out of range [0, {n}] for a target with {n} layers")
         self.parts, self.indices, self.device = parts, tuple(indices), device
+        self._states = len(set(self.indices))  # distinct states a forward records
         self.keeps_input_embeds = input_embeds
         self._handles: list = []
         self._seen: dict[int, torch.Tensor] = {}
         self._embeds: torch.Tensor | None = None
         self._owner: int | None = None  # the thread that entered the ``with``
+        self._to: torch.device | None = None  # where the states are gathered, found when the ``with`` is entered
 
-    def _mine(self) -> bool:
-        # Traced under torch.compile (the static path's verify), the check folds away: a compiled forward is
-        # bound to its one caller's cache anyway.
-        return torch.compiler.is_compiling() or threading.get_ident() == self._owner
-
+    # Each hook records only its owner thread's forwards. Traced under torch.compile (the engine's compiled verify),
+    # the check folds away: a compiled forward is bound to its one caller's cache anyway.
     def _pre_hook(self, idx: int):
         def hook(module, args, kwargs):
-            if not self._mine():
+            if not (torch.compiler.is_compiling() or threading.get_ident() == self._owner):
                 return
             state = args[0] if args else kwargs["hidden_states"]
             if idx in self.indices:
@@ -64,12 +63,12 @@ class FeatureCapture:
         return hook
 
     def _out_hook(self, module, args, output):
-        if not self._mine():
+        if not (torch.compiler.is_compiling() or threading.get_ident() == self._owner):
             return
         self._seen[self.parts.num_layers] = output[0] if isinstance(output, tuple) else output.last_hidden_state
 
     def __enter__(self) -> "FeatureCapture":
-        self._owner = threading.get_ident()
+        self._owner, self._to = threading.get_ident(), self._gather_device()
         for idx in sorted(set(self.indices) | ({0} if self.keeps_input_embeds else set())):
             if idx < self.parts.num_layers:
                 h = self.parts.layers[idx].register_forward_pre_hook(self._pre_hook(idx), with_kwargs=True)
@@ -82,14 +81,14 @@ class FeatureCapture:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        self._embeds = None
+        self._embeds = self._to = None
 
     def features(self) -> torch.Tensor:
         """The captured states concatenated in ``indices`` order: (B, T, len(indices) * hidden). Clears them."""
-        missing = [i for i in self.indices if i not in self._seen]
-        if missing:
+        if len(self._seen) < self._states:
+            missing = [i for i in self.indices if i not in self._seen]
             raise RuntimeError(f"hidden states {missing} were not captured: the target forward did not run its layers")
-        device = self._gather_device()
+        device = self._to if self._to is not None else self._gather_device()
         out = torch.cat([self._seen[i].to(device) for i in self.indices], dim=-1)
         self._seen.clear()
         return out
