@@ -48,7 +48,8 @@ def vllm_native(config: dict, n: int, release: str) -> list[int]:
 
     0.17.x: the loop appends ``hidden_states + residual`` before layer ``idx`` when ``idx`` is an id, so
     position idx for idx in 0..N-1, and the residual is None at idx 0. From 0.18.0: ``_maybe_add_hidden_state``
-    records position 0 (the embeddings, residual None taken as 0) and position idx + 1 after layer idx.
+    records position 0 (the embeddings: with the residual None, the hidden states alone) and position idx + 1
+    after layer idx.
     """
     version = Version(release)
     ids = config.get(KEY) or _default(n)
