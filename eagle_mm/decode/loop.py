@@ -200,8 +200,8 @@ def _streamer(model, eagle_streamer, input_ids: torch.Tensor):
         raise ValueError("both streamer= and eagle_streamer= were given; pass one streamer (streamer=)")
     streamer = given if given is not None else eagle_streamer
     if streamer is not None and input_ids.shape[0] > 1:
-        raise ValueError(f"streamer= shows one sequence, but this call decodes {input_ids.shape[0]} rows (prompts times "
-                         f"num_return_sequences); stream one prompt per call, or drop streamer=")
+        raise ValueError(f"streamer= shows one sequence, but this call decodes {input_ids.shape[0]} rows (prompts "
+                         f"times num_return_sequences); stream one prompt per call, or drop streamer=")
     if eagle_streamer is not None:
         eagle_streamer.put(input_ids.cpu())
     return streamer
