@@ -480,6 +480,7 @@ def test_the_spread_says_when_runs_cannot_tell():
     assert not steady.noisy and steady.warning("x") is None
     assert steady.describe() == "1.31x (median of 3 runs, 1.25x to 1.40x)"
     assert Spread.of([2.0, 3.5]).noisy  # faster every time, but by how much the runs cannot say
+    assert Spread.of([0.95, 1.0, 1.02]).warning("x") is None  # about the same speed: an answer, not noise
     assert "one timed run" in Spread.of([4.02]).warning("pass --repeats 3")
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import eagle_mm as em
 from eagle_mm.train.checkpoint import list_checkpoints
@@ -52,7 +54,12 @@ def test_eagle_mm_train_subcommand_trains_a_loadable_head(work):
     assert head.config.draft_vocab_size == 40 and head.config.aux_layers == (1, 3, 5)
     saved = json.loads((out / "train_config.json").read_text())
     assert saved["max_steps"] == 4 and saved["aux_layers"] == [1, 3, 5]
-    assert json.loads((out / "eval.json").read_text())["mean_accept_length"] >= 1.0
+    evaluation = json.loads((out / "eval.json").read_text())
+    assert evaluation["mean_accept_length"] >= 1.0
+    # The evaluation drafts what the API's default call drafts on this device (not TreeConfig()'s GPU tree).
+    api = em.speculative_generate(work["model"], head, input_ids=torch.tensor([[5, 6, 7, 8]]), max_new_tokens=8,
+                                  return_dict_in_generate=True).stats.tree
+    assert evaluation["tree"] == dataclasses.asdict(api)
 
 
 def test_cli_reports_bad_data_with_its_row(work, capsys):

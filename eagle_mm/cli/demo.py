@@ -8,9 +8,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from .timing import Spread
 from .util import add_tree_args, tree_kwargs
 from .util import fail as _fail
-from .timing import Spread
 from .util import positive_int as _positive_int
 
 __all__ = ["add_demo_parser", "print_forwards"]

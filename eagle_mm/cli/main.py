@@ -183,7 +183,8 @@ def _compare(model, inputs: dict, options: dict, args: argparse.Namespace, seque
     n_ref = reference.shape[1] - inputs["input_ids"].shape[1]
     print(f"model.generate: {n_ref} tokens in {generate_s:.3f} s ({n_ref / generate_s:.1f} tokens/s)")
     # Per token: an EOS can end the two runs at different lengths when sampling.
-    print(f"speed-up: {speculative_rate / (n_ref / generate_s):.2f}x (one timed run each)")
+    print(f"speed-up: {speculative_rate / (n_ref / generate_s):.2f}x (one timed run each; eagle-mm bench times several "
+          f"and reports their median)")
     if args.do_sample:
         print("greedy outputs: n/a (sampling: outputs are draws, equal only in distribution)")
         return 0

@@ -39,8 +39,9 @@ class Spread:
 
     @property
     def noisy(self) -> bool:
-        """True when the runs cannot tell: they disagree on which decoding is faster, or spread too widely."""
-        return self.low < 1.0 < self.high or self.high > NOISE_RATIO * self.low
+        """True when the runs spread too widely to tell the speed-up (a tight range around 1x says "the same
+        speed", which is an answer)."""
+        return self.high > NOISE_RATIO * self.low
 
     def describe(self) -> str:
         """``1.23x (median of 3 runs, 1.10x to 1.31x)``."""
@@ -54,8 +55,6 @@ class Spread:
             return f"one timed run says little on a shared machine; {more}"
         if not self.noisy:
             return None
-        why = ("they disagree on whether speculative decoding is faster" if self.low < 1.0 < self.high
-               else f"the fastest is more than {NOISE_RATIO:g}x the slowest")
-        return (f"too noisy to tell: the {self.runs} runs ranged from {self.low:.2f}x to {self.high:.2f}x ({why}); "
-                f"the machine is too busy (or the runs too short) to measure a speed-up: rerun on a quiet machine, "
-                f"or {more}")
+        return (f"too noisy to tell: the {self.runs} runs ranged from {self.low:.2f}x to {self.high:.2f}x (more than "
+                f"{NOISE_RATIO:g}x apart); the machine is too busy (or the runs too short) to measure a speed-up: "
+                f"rerun on a quiet machine, or {more}")
