@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from transformers.generation import GenerateDecoderOnlyOutput
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import ModelOutput

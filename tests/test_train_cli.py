@@ -165,7 +165,7 @@ def test_two_stage_training_on_the_shipped_tied_model(tmp_path, monkeypatch):
 
 
 # ---- command-line errors and output ------------------------------------------------------------------------
-def test_a_two_layer_target_names_the_aux_layers_flag(tmp_path, capsys, one_thread):
+def test_a_two_layer_target_names_the_aux_layers_flag(tmp_path, capsys):
     save_target(tmp_path / "two", num_hidden_layers=2)
     data = write_jsonl(tmp_path / "d.jsonl", [{"text": "w1 w2 w3 w4 w5 w6"}] * 2)
     common = ["train", "--target", str(tmp_path / "two"), "--data", data, "--max-steps", "1", "--batch-size", "1",
