@@ -27,8 +27,7 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     """Declare `eagle-mm export`; its handler is ``run_export``."""
     parser = subparsers.add_parser(
         "export",
-        help="write a draft head in the layout vLLM, SGLang or the speculators format loads (or the official "
-             "one), and print the serve command",
+        help="write a draft head in the eagle, vllm, sglang or speculators layout, and print the serve command",
         description="Load HEAD_DIR (ours or an official EAGLE head), write it to OUTPUT in --layout, print how to serve it.",
     )
     parser.add_argument("head_dir", metavar="HEAD_DIR", help="a head saved by save_pretrained or an official EAGLE release")

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from .checkpoint import check_resumable, resolve_resume, save_checkpoint
 from .config import VARIANTS, TrainConfig
 from .data import BatchPlan, build_draft_vocab, collate, encode_rows, has_images, read_rows, write_rows
 from .dump import FeatureStore, feature_layers
-from .evaluate import eval_prompts, mean_accept_length
+from .evaluate import eval_prompts, evaluate
 from .regenerate import regenerate_rows
 from .losses import eagle1_loss, eagle3_loss
 from .target import load_processor, load_target, load_target_embeddings, load_tokenizer, target_features
@@ -114,14 +115,28 @@ def train(config: TrainConfig, *, on_step=None, processor=None, target=None) -> 
 
     layers = feature_layers(config, parts.num_layers)
     result = TrainResult(out, start)
-    _loop(config, acc, objective, optimizer, scheduler, plan, examples, target, layers, start, total, on_step, result)
-
+    with _logs_above_bars():
+        _loop(config, acc, objective, optimizer, scheduler, plan, examples, target, layers, start, total, on_step,
+              result)
     _export_head(acc, objective, out, config.save_dtype)
     if held_out and config.eval_samples:
-        result.mean_accept_length = _evaluate(config, acc, target, held_out)
+        with _logs_above_bars():
+            result.mean_accept_length = _evaluate(config, acc, target, held_out)
     acc.wait_for_everyone()
     acc.end_training()
     return result
+
+
+def _logs_above_bars():
+    """While a progress bar is drawn, console log lines print above it (through tqdm.write) instead of running on
+    from the bar's line."""
+    from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    console = [h for h in logging.root.handlers if isinstance(h, logging.StreamHandler)
+               and getattr(h, "stream", None) in (sys.stdout, sys.stderr)]
+    # Without a console handler (logging not configured, as in a library call) there is nothing to move.
+    return logging_redirect_tqdm(tqdm_class=tqdm) if console else contextlib.nullcontext()
 
 
 def _resume(acc, resume_dir: Path | None, start: int, log: Path) -> None:
@@ -326,10 +341,13 @@ def _evaluate(config: TrainConfig, acc, target, held_out) -> float | None:
         dtype = resolve_target(target).embed.weight.dtype
         head = load_head(config.output_dir, target=target, dtype=dtype)
         prompts = eval_prompts(held_out, config.eval_samples)
-        value = mean_accept_length(target, head, prompts, max_new_tokens=config.eval_max_new_tokens)
-        report = {"mean_accept_length": value, "prompts": len(prompts), "max_new_tokens": config.eval_max_new_tokens}
+        logger.info("evaluating the head on %d held-out prompts (%d new tokens each, the default call's tree)",
+                    len(prompts), config.eval_max_new_tokens)
+        report = evaluate(target, head, prompts, max_new_tokens=config.eval_max_new_tokens, progress=True)
+        value = report["mean_accept_length"]
         (Path(config.output_dir) / EVAL_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        logger.info("mean acceptance length on %d held-out prompts: %.3f", len(prompts), value)
+        logger.info("mean acceptance length on %d held-out prompts: %.3f (tree %s)", len(prompts), value,
+                    report["tree"])
     acc.wait_for_everyone()
     return value
 
