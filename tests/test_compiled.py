@@ -139,6 +139,19 @@ def test_the_key_names_what_unsaved_guards_would_check(fake_torch, tmp_path):
     assert fake_torch.made[-1] == "loaded"
 
 
+def test_the_key_names_a_forward_replaced_on_an_instance(fake_torch, tmp_path):
+    """A kernel hub's ``kernelize`` replaces ``forward`` on module instances, registered or kept in a dict attribute
+    (transformers 5.25's per-layer kernel functions): the guards that would see it are not saved, the key does."""
+    owner, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    owner.__dict__["_kernel_funcs"] = {"relu2": _local_function_module()}
+    DiskCompiled(step, "step", "default")(owner, x, 2)
+    owner.__dict__["_kernel_funcs"]["relu2"].forward = lambda x: x
+    DiskCompiled(step, "step", "default")(owner, x, 2)
+    owner.forward = lambda x: x
+    DiskCompiled(step, "step", "default")(owner, x, 2)
+    assert fake_torch.made == ["compiled"] * 3 and len(list(tmp_path.iterdir())) == 3
+
+
 def test_a_file_that_does_not_load_is_compiled_again_with_a_warning(fake_torch, caplog):
     owner, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
     DiskCompiled(step, "step", "default")(owner, x, 2)
@@ -193,3 +206,32 @@ def test_a_graph_break_compiles_in_the_process_only(monkeypatch, tmp_path, caplo
     assert plain == [{"dynamic": False, "mode": "default"}] and not list(tmp_path.iterdir())
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
         "the step of Linear cannot be compiled ahead of time"]
+
+
+def _local_function_module():
+    class Func(torch.nn.Module):  # defined in a function, as transformers 5.25's kernel-replaceable functions are
+        def forward(self, x):
+            return torch.relu(x) * 2
+
+    return Func()
+
+
+relu2 = _local_function_module()
+
+
+def local_step(owner, x):
+    return relu2(owner(x))
+
+
+def test_a_step_through_an_object_of_a_local_class_is_saved_and_loaded(monkeypatch, tmp_path):
+    """Real compiles: torch cannot save a guard on the type of an object whose class is local (transformers 5.25's
+    ``apply_rotary_pos_emb``), and guards through such an object fail at load; both are left to the key, so the
+    step is still compiled ahead of time, saved, and loaded."""
+    monkeypatch.setattr(compiled, "cache_folder", lambda: tmp_path)
+    owner, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    first = DiskCompiled(local_step, "step", "default")
+    assert torch.allclose(first(owner, x), local_step(owner, x))
+    assert (first.compiled, first.loaded, first._plain) == (1, 0, None)
+    second = DiskCompiled(local_step, "step", "default")
+    assert torch.allclose(second(owner, x), local_step(owner, x))
+    assert (second.compiled, second.loaded, second._plain) == (0, 1, None)

@@ -8,11 +8,11 @@ bytecode, guards and inductor's code) to be saved, and a second process loads it
 
 The files live under ``<TORCHINDUCTOR_CACHE_DIR>/eagle_mm`` (so the variable that moves inductor's cache moves them
 too). Torch cannot save guards on identities (which classes, functions and hooks were traced, ``ID_MATCH`` and the
-like), so they are left out of the saved guards and put in the file's key instead: the versions of Python, torch
-and transformers, a hash of this package's source, the classes and hooks of the owner's modules, its config, and
-the argument signature (tensor shapes, dtypes, devices and strides, plain values, and the public plain attributes of
-the other objects). The guards that are saved (shapes, config values read while tracing, global state) are still checked
-before each call; a step whose saved guards fail is compiled again.
+like), so they are left out of the saved guards and put in the file's key instead: the versions of Python, torch and
+transformers, a hash of this package's source, the classes, hooks and instance-replaced ``forward`` of the owner's
+modules, its config, and the argument signature (tensor shapes, dtypes, devices and strides, plain values, and the
+public plain attributes of the other objects). The guards that are saved (shapes, config values read while tracing,
+global state) are still checked before each call; a step whose saved guards fail is compiled again.
 
 A step that cannot be compiled this way (a graph break, a guard torch cannot save) is compiled by plain
 ``torch.compile``, in this process only, with a logged warning: the same kernels, only the trace is not kept.
@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -100,11 +101,13 @@ def _is_plain(v) -> bool:
 
 
 def _owner_facts(owner: torch.nn.Module) -> list:
-    """The classes and hooks of every module of the owner, and its config: guards on identities are not saved."""
+    """The classes, hooks and replaced ``forward`` of every module of the owner (and of the modules they hold
+    outside their submodules), and its config: guards on identities are not saved."""
     mods = []
     for name, m in owner.named_modules():
         hooks = [_name(h) for d in (m._forward_pre_hooks, m._forward_hooks) for h in d.values()]
-        mods.append([name, _name(type(m)), hooks, m.training])
+        held = [[k, _name(type(h)), _replaced_forward(h)] for k, h in _held_modules(m)]
+        mods.append([name, _name(type(m)), hooks, m.training, _replaced_forward(m), held])
     config = getattr(owner, "config", None)
     if hasattr(config, "to_json_string"):
         config = [config.to_json_string(use_diff=False), getattr(config, "_attn_implementation", None)]
@@ -113,13 +116,42 @@ def _owner_facts(owner: torch.nn.Module) -> list:
     return [mods, repr(config), hooks]
 
 
+def _replaced_forward(m: torch.nn.Module) -> str | None:
+    # a forward set on the instance (a kernel hub's ``kernelize``, a wrapper) is what the trace calls
+    forward = m.__dict__.get("forward")
+    return None if forward is None else _name(forward)
+
+
+def _held_modules(m: torch.nn.Module):
+    """Modules kept in a plain attribute or a dict attribute rather than registered (transformers 5.25 keeps its
+    per-layer kernel functions so): the trace runs them too."""
+    for key, value in m.__dict__.items():
+        if key == "_modules":
+            continue
+        for sub, x in (value.items() if isinstance(value, dict) else [("", value)]):
+            if isinstance(x, torch.nn.Module):
+                yield f"{key}{sub and '.' + str(sub)}", x
+
+
 def _savable(entries) -> list[bool]:
-    """dynamo's guard filter: keep every guard torch can save (the others are in the file's key). Guards on a
-    function's default values are left out too: torch 2.11 saves them but cannot load them back (its
-    ``DefaultsSource`` does not unpickle), and the defaults are our source's or the model's, both in the key."""
+    """dynamo's guard filter: keep every guard torch can save (the others are in the file's key). Left out too:
+    guards on a function's default values (torch 2.11 saves them but cannot load them back: its ``DefaultsSource``
+    does not unpickle; the defaults are our source's or the model's, both in the key), and guards on or through an
+    object whose class is defined inside a function or a class: torch cannot save a type check on it, and saves the
+    object itself as a bare ``nn.Module``, so guards through it fail to build at load. transformers 5.25's
+    kernel-replaceable functions (``apply_rotary_pos_emb``) are such objects; their classes come from transformers'
+    source, in the key, and a ``forward`` replaced on them is in ``_owner_facts``."""
     unsaved = torch._dynamo.guards.CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    local = [re.compile(re.escape(n) + r"(?!\w)")
+             for n in {e.name for e in entries if e.has_value and _local_class(e.value)}]
     return [not (e.guard_type in unsaved or any(d in unsaved for d in e.derived_guard_types)
-                 or _through_defaults(e.orig_guard.originating_source)) for e in entries]
+                 or _through_defaults(e.orig_guard.originating_source) or any(p.search(e.name) for p in local))
+            for e in entries]
+
+
+def _local_class(value) -> bool:
+    # torch's own test for a class it cannot name when saving (a nested class included)
+    return type(value).__qualname__ != type(value).__name__
 
 
 def _through_defaults(source) -> bool:
