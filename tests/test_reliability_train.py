@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from eagle_mm.train import TrainConfig, train
-from eagle_mm.train.checkpoint import list_checkpoints
+from eagle_mm.train.checkpoint import list_checkpoints, resolve_resume
 from eagle_mm.train.cli import add_train_parser
 from tests.test_train_tools import greedy_rows, one_thread, save_target, write_jsonl  # noqa: F401
 
@@ -95,6 +95,31 @@ def test_an_unreadable_checkpoint_stops_before_anything_is_written(trained, tmp_
         train(cfg.replace(resume=str(earlier)))
     after = _snapshot(cfg.output_dir)
     assert after == {**before, **{k: after[k] for k in after if k.endswith("train_config.json")}}
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.bin", "head/model.safetensors"])
+def test_a_flipped_byte_in_a_checkpoint_is_refused_at_resume(trained, tmp_path, caplog, name):
+    """Bytes changed inside a complete file (its index intact) differ from the sha256 recorded at the write:
+    ``--resume DIR`` stops naming the file, ``--resume auto`` takes the checkpoint before it."""
+    out = tmp_path / "run"
+    shutil.copytree(trained.output_dir, out)
+    cfg = trained.replace(output_dir=str(out))
+    (_, earlier), (_, latest) = list_checkpoints(out)
+    state = json.loads((latest / "trainer_state.json").read_text())
+    assert sorted(state["sha256"]) == sorted(p.relative_to(latest).as_posix() for p in latest.rglob("*")
+                                             if p.is_file() and p.name != "trainer_state.json")
+    damaged = latest / name
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    damaged.write_bytes(bytes(data))
+    before = _snapshot(out)
+    with pytest.raises(ValueError, match=rf"checkpoint {latest} cannot be resumed: {damaged} is damaged: its bytes "
+                                         rf"changed after it was written .*resume from an earlier checkpoint"):
+        train(cfg.replace(resume=str(latest)))
+    with caplog.at_level(logging.WARNING, logger="eagle_mm.train.checkpoint"):
+        assert resolve_resume(cfg.replace(resume="auto")) == earlier
+    assert any(f"{damaged} is damaged" in r.getMessage() for r in caplog.records)
+    assert _snapshot(out) == before
 
 
 def test_output_dir_that_is_a_file_is_refused(work, tmp_path, capsys):
