@@ -153,14 +153,20 @@ def save_checkpoint(accelerator, output_dir, step: int, config: TrainConfig, wri
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))  # model, optimizer, registered objects, every process's RNG states
-    write_extra(tmp)
-    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(str(tmp))  # model, optimizer, registered objects, every process's RNG states
+        write_extra(tmp)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            config.save(tmp / CONFIG_NAME)
+            write_state(tmp, {"step": step, "num_processes": accelerator.num_processes, "format": 1,
+                              "sha256": _checksums(tmp)})
+            _replace_dir(tmp, final)
+    except BaseException:
+        if accelerator.is_main_process:  # the half-written checkpoint is not one; its space comes back (a full disk)
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if accelerator.is_main_process:
-        config.save(tmp / CONFIG_NAME)
-        write_state(tmp, {"step": step, "num_processes": accelerator.num_processes, "format": 1,
-                          "sha256": _checksums(tmp)})
-        _replace_dir(tmp, final)
         _prune(root, keep)
         logger.info("checkpoint %s written", final)
     accelerator.wait_for_everyone()
