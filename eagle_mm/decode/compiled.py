@@ -231,6 +231,8 @@ def _untrusted_folder(folder: Path) -> str | None:
             st = os.stat(p)
         except FileNotFoundError:
             return None
+        except OSError as e:  # no permission to look: nothing below can be vouched for
+            return f"{p} cannot be examined ({e.strerror})"
         why = _not_private(st, p, sticky_ok=p != folder)
         if why is not None:
             return why
@@ -300,10 +302,10 @@ class DiskCompiled:
         t0 = time.perf_counter()
         try:
             key = self._key(sig, args)
-        except Exception as e:  # a config that does not print, say: no file name for it
-            self._in_process_only(f"no key for its file: {_first_line(e)}")
+            path = cache_folder() / f"{self.fn.__name__}-{key[:32]}.bin"
+        except Exception as e:  # a config that does not print, a cache folder that cannot be made: no file for it
+            self._in_process_only(f"no file for it: {_first_line(e)}")
             return None
-        path = cache_folder() / f"{self.fn.__name__}-{key[:32]}.bin"
         kept = self._trusted(path.parent)
         try:
             fn = (self._load(path, key, args) if kept else None) or self._compile(path if kept else None, key, args)
