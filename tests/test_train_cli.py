@@ -125,7 +125,9 @@ def test_accelerate_launch_two_processes(work):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = json.loads((list_checkpoints(out)[-1][1] / "trainer_state.json").read_text())
+    sums = state.pop("sha256")  # every file of the checkpoint, both processes' RNG states included
     assert state == {"step": 4, "num_processes": 2, "format": 1}
+    assert {"random_states_0.pkl", "random_states_1.pkl", "model.safetensors"} <= set(sums)
     head = em.load_head(out, target=work["model"])
     assert isinstance(head, em.Eagle3Head)
 

@@ -142,7 +142,7 @@ def run_train(args: argparse.Namespace) -> int:
         from .loop import train
 
         result = train(config)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # bad options or data, a missing file, a full disk: one line
         print(f"eagle-mm train: error: {e}", file=sys.stderr)
         return 2
     if result.mean_accept_length is not None:
