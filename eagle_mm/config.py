@@ -216,7 +216,9 @@ class Eagle3Config(_HeadConfigBase):
         three distinct indices that vLLM and SGLang can capture too.
         """
         if num_layers < 4:
-            raise ValueError(f"default EAGLE-3 aux layers need a target with >= 4 layers, got {num_layers}; pass aux_layers")
+            raise ValueError(f"default EAGLE-3 aux layers need a target with >= 4 layers, got {num_layers}; pass "
+                             f"aux_layers (eagle-mm train: --aux-layers), three hidden_states indices in [0, "
+                             f"{num_layers}]")
         official = (2, num_layers // 2, num_layers - 3)
         return official if len(set(official)) == 3 else (1, num_layers // 2, num_layers - 1)
 

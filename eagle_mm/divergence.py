@@ -1,11 +1,12 @@
 """Is a difference between speculative and plain greedy decoding a bug, or a rounding near-tie?
 
 Greedy speculative decoding computes each committed token's logits in one tree forward, ``generate`` in one
-step-by-step forward: the same math in a different order. In float32 the two agree to far below any logit gap a
-trained model leaves, so the tokens are identical. In bfloat16 or float16 the rounding differs by a few units in
-the last place, and where the two best tokens' logits are closer than that, the argmax can flip; everything after
-that point then differs too. Only the first difference says anything, and only the reference's logits there tell
-a flip from a bug.
+step-by-step forward: the same math in a different order. In float32 the two agree to far below the logit gaps a
+trained model usually leaves, so the tokens are almost always identical (a near-tie below float32's resolution is
+rare, not impossible: one occurred on a random 4-layer target). In bfloat16 or float16 the rounding differs by a
+few units in the last place, and where the two best tokens' logits are closer than that, the argmax can flip;
+everything after that point then differs too. Only the first difference says anything, and only the reference's
+logits there tell a flip from a bug.
 """
 from __future__ import annotations
 

@@ -11,12 +11,13 @@ from pathlib import Path
 
 from .config import TreeConfig
 from .heads.base import layout_names
-from .heads.engines import LAYOUTS, detect_layout, export_head, load_exported, serving_command
+from .heads.engines import LAYOUTS, detect_layout, export_head, export_notes, load_exported, serving_command
 from .heads.io import load_head
 from .cli.util import add_tree_args, tree_kwargs
 
 __all__ = [
-    "LAYOUTS", "export_head", "load_exported", "detect_layout", "serving_command", "add_export_parser", "run_export",
+    "LAYOUTS", "export_head", "load_exported", "detect_layout", "serving_command", "export_notes",
+    "add_export_parser", "run_export",
 ]
 
 _CONFIG = "config.json"
@@ -26,7 +27,7 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     """Declare `eagle-mm export`; its handler is ``run_export``."""
     parser = subparsers.add_parser(
         "export",
-        help="write a draft head in the layout vLLM or SGLang loads, and print the serve command",
+        help="write a draft head in the eagle, vllm, sglang or speculators layout, and print the serve command",
         description="Load HEAD_DIR (ours or an official EAGLE head), write it to OUTPUT in --layout, print how to serve it.",
     )
     parser.add_argument("head_dir", metavar="HEAD_DIR", help="a head saved by save_pretrained or an official EAGLE release")
@@ -35,6 +36,9 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", required=True, metavar="OUT_DIR", help="directory to write (created if missing)")
     parser.add_argument("--target", metavar="TARGET_DIR",
                         help="local target model directory: checks sizes and aux layers, named in the command")
+    parser.add_argument("--engine-version", metavar="VERSION",
+                        help="the vLLM (vllm, speculators layouts) or SGLang (sglang layout) release you serve with, "
+                             "e.g. 0.17.1: refuses aux layers it cannot capture (default: the newest conventions)")
     add_tree_args(parser, "draft tree in the command (defaults: eagle_mm.TreeConfig)", kind=int)
     parser.set_defaults(func=run_export)
 
@@ -57,8 +61,10 @@ def run_export(args: argparse.Namespace) -> int:
 
             target_config = AutoConfig.from_pretrained(args.target, local_files_only=True)
         head = load_head(head_dir)
-        export_head(head, out, args.layout, target_config=target_config)
+        export_head(head, out, args.layout, target_config=target_config, engine_version=args.engine_version)
         print(f"wrote {type(head).__name__} in the {args.layout} layout to {out}")
+        for note in export_notes(head, args.layout, target_config=target_config, engine_version=args.engine_version):
+            print(f"note: {note}")
         if args.layout == "eagle":
             print("serve it with the official EAGLE code, or export with --layout vllm / sglang for an engine")
         else:

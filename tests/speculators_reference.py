@@ -1,7 +1,7 @@
 """The speculators reference: a tiny official-layout EAGLE-3 head, its target, and the real converter.
 
 `speculators==0.9.0` pins transformers <= 5.19, so it lives in its own venv (SPECULATORS_VENV, default
-/work/venv-spec). The committed fixture tests/fixtures/speculators_eagle3/ is what this module writes:
+/work/venv-spec; docs/serving.md says how to make it). The committed fixture tests/fixtures/speculators_eagle3/ is what this module writes:
 
     python -m tests.speculators_reference   # rewrites the fixture with the real converter
 """
@@ -23,6 +23,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "speculators_eagle3"
 # A narrower llama than tiny.py's default, so the two committed heads stay ~30 KB each.
 TARGET = dict(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1)
 AUX = (1, 3, 4)  # HF hidden_states indices, not the default
+AUX_LAYER0 = (0, 2, 4)  # the input embeddings as the low feature
 DRAFT_V = 32
 
 
@@ -30,9 +31,9 @@ def target():
     return tiny_model("llama", **TARGET)
 
 
-def official_head(model, **flags) -> em.Eagle3Head:
+def official_head(model, aux=AUX, **flags) -> em.Eagle3Head:
     """A bf16 head with random weights (norms too), a permuted reduced vocabulary and custom aux layers."""
-    head = em.Eagle3Head.from_target(model, aux_layers=AUX, draft_vocab_size=DRAFT_V, **flags)
+    head = em.Eagle3Head.from_target(model, aux_layers=aux, draft_vocab_size=DRAFT_V, **flags)
     head.set_draft_vocab(torch.randperm(V, generator=torch.Generator().manual_seed(3))[:DRAFT_V])
     gen = torch.Generator().manual_seed(4)
     with torch.no_grad():
@@ -41,24 +42,26 @@ def official_head(model, **flags) -> em.Eagle3Head:
     return head.to(torch.bfloat16)
 
 
-def convert(head_dir: Path, target_dir: Path, out: Path, **flags) -> None:
-    """Run `speculators convert` (the reference writer) on local directories; flags: its EAGLE-3 variant
-    options (norm_before_residual, norm_output: those its converter carries over with no extra weights)."""
-    kwargs = json.dumps({"eagle_aux_hidden_state_layer_ids": list(AUX), **flags})
+def convert(head_dir: Path, target_dir: Path, out: Path, aux=AUX, **flags) -> None:
+    """Run `speculators convert` (the reference writer) on local directories, then its own validation (loading
+    the result against the verifier); flags: its EAGLE-3 variant options (norm_before_residual, norm_output:
+    those its converter carries over with no extra weights)."""
+    kwargs = json.dumps({"eagle_aux_hidden_state_layer_ids": list(aux), **flags})
     subprocess.run(
         [str(VENV / "bin" / "speculators"), "convert", str(head_dir), "--algorithm", "eagle3",
-         "--verifier", str(target_dir), "--output-path", str(out), "--algorithm-kwargs", kwargs],
+         "--verifier", str(target_dir), "--output-path", str(out), "--algorithm-kwargs", kwargs,
+         "--validate-device", "cpu"],
         check=True, capture_output=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
 
 
-def build(root: Path, **flags) -> tuple[Path, Path, Path]:
+def build(root: Path, aux=AUX, **flags) -> tuple[Path, Path, Path]:
     """(target dir, official head dir, converted dir) under ``root``, converted by the real converter."""
     model = target()
     paths = root / "target", root / "official", root / "converted"
     model.save_pretrained(paths[0])
-    official_head(model, **flags).save_pretrained(paths[1])
-    convert(paths[1], paths[0], paths[2], **flags)
+    official_head(model, aux, **flags).save_pretrained(paths[1])
+    convert(paths[1], paths[0], paths[2], aux, **flags)
     return paths
 
 

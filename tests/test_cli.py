@@ -11,6 +11,8 @@ def test_help_exits_zero(capsys):
     assert excinfo.value.code == 0
     out = capsys.readouterr().out
     assert "demo" in out and "generate" in out and "export" in out
+    export = " ".join(out.split("export", 1)[1].split())
+    assert "eagle, vllm, sglang or speculators layout" in export, out
 
 
 def test_demo_speculative_matches_generate(capsys):
@@ -241,7 +243,7 @@ def test_demo_image_calls_the_image_demo(tmp_path, monkeypatch, capsys):
         calls.append(kwargs)
         return {"question": "Describe the image.", "completion": "A red circle.", "identical": True,
                 "mean_accept_length": 2.5, "accept_rate_per_position": [0.75, 0.5, 0.25], "generate_s": 1.0,
-                "speculative_s": 0.5, "speedup": 2.0}
+                "speculative_s": 0.5, "speedup": 2.0, "speedups": [2.0]}
 
     fake = types.ModuleType("eagle_mm.zoo.scenes_tiny")
     fake.image_demo = image_demo
@@ -251,7 +253,7 @@ def test_demo_image_calls_the_image_demo(tmp_path, monkeypatch, capsys):
     image.write_bytes(b"\x89PNG")
     assert main(["demo", "--image", str(image), "--max-new-tokens", "5", "--depth", "3"]) == 0
     assert calls and calls[0]["image"] == str(image) and calls[0]["max_new_tokens"] == 5
-    assert calls[0]["tree"].depth == 3 and "question" not in calls[0]
+    assert calls[0]["tree"].depth == 3 and "question" not in calls[0] and calls[0]["runs"] == 3
     out = capsys.readouterr().out
     assert "completion: A red circle." in out and "identical: True" in out and "speed-up: 2.00x" in out
     assert "accept rate per position: [0.750, 0.500, 0.250]" in out
@@ -351,7 +353,7 @@ def test_demo_image_without_a_path_renders_a_scene(monkeypatch, capsys, tmp_path
         calls.append(kwargs)
         return {"question": "Describe the image.", "completion": "A red circle.", "identical": True,
                 "mean_accept_length": 2.5, "accept_rate_per_position": [0.5], "generate_s": 1.0,
-                "speculative_s": 0.5, "speedup": 2.0}
+                "speculative_s": 0.5, "speedup": 2.0, "speedups": [2.0]}
 
     fake = types.ModuleType("eagle_mm.zoo.scenes_tiny")
     fake.image_demo = image_demo
@@ -375,7 +377,8 @@ def test_bench_table_tells_a_near_tie_from_a_mismatch():
             "tree": {"depth": 3, "top_k": 2, "total_tokens": 4}}
 
     def row(method, matches, mismatch, divergences):
-        return {"method": method, "tokens_per_s": 10.0, "speedup": 1.0, "mean_accept_length": 2.0,
+        return {"method": method, "tokens_per_s": 10.0, "speedup": 1.0, "speedup_low": 0.9, "speedup_high": 1.1,
+                "mean_accept_length": 2.0,
                 "accept_rate_per_position": [0.5], "matches_generate": matches, "mismatch": mismatch,
                 "divergences": divergences}
 
@@ -386,3 +389,144 @@ def test_bench_table_tells_a_near_tie_from_a_mismatch():
     match = {line.split()[0]: line.split()[4] for line in table.splitlines()[2:6]}
     assert match == {"generate": "-", "eagle": "yes", "eagle3": "tie", "bad": "NO"}, table
     assert f"eagle3, prompt 1: {tie}" in table and "bad, prompt 0: MISMATCH at token 2" in table
+
+
+# ---- every entry point drafts the default call's tree -----------------------------------------------------------
+def _printed_tree(out: str) -> dict:
+    line = next(line for line in out.splitlines() if line.startswith("tree: depth="))
+    fields = dict(part.split("=") for part in line.removeprefix("tree: ").split(", ")[:3])
+    return {name: int(value) for name, value in fields.items()}
+
+
+def _api_tree(target, head, prompt: str, max_new_tokens: int) -> dict:
+    """What speculative_generate's default call drafts for this prompt (stats.tree), as the API user gets it."""
+    import dataclasses
+
+    import eagle_mm
+
+    enc = target_tokenizer(target)(prompt, return_tensors="pt")
+    out = eagle_mm.speculative_generate(target, head, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                                        max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True)
+    return {k: v for k, v in dataclasses.asdict(out.stats.tree).items() if k in ("depth", "top_k", "total_tokens")}
+
+
+def target_tokenizer(target):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(target.name_or_path)
+
+
+@pytest.fixture(scope="module")
+def local_loaded(local_dirs):
+    from transformers import AutoModelForCausalLM
+
+    import eagle_mm
+
+    target = AutoModelForCausalLM.from_pretrained(local_dirs[0], dtype="float32", attn_implementation="sdpa").eval()
+    return target, eagle_mm.load_head(local_dirs[1], target=target)
+
+
+def test_generate_drafts_the_api_default_tree_on_a_cpu(capsys, local_dirs, local_loaded):
+    import eagle_mm
+
+    status, out, err = _generate(capsys, *local_dirs, "--max-new-tokens", "6", "--device", "cpu")
+    assert status == 0, err
+    tree = _printed_tree(out)
+    assert tree == _api_tree(*local_loaded, "The capital of France is", 6), out
+    wide = eagle_mm.TreeConfig()  # the GPU's tree, which a CPU pays for node by node
+    assert tree != {"depth": wide.depth, "top_k": wide.top_k, "total_tokens": wide.total_tokens}
+
+
+def test_bench_drafts_the_api_default_tree_on_a_cpu(capsys, local_dirs, local_loaded):
+    import json
+
+    status, out, err = _bench(capsys, "--target", local_dirs[0], "--head", local_dirs[1], "--prompt",
+                              "The capital of France is", "--max-new-tokens", 4, "--repeats", 1, "--device", "cpu",
+                              "--json", "-")
+    assert status == 0, err
+    result = json.loads(out)
+    assert result["rows"][1]["tree"] == _api_tree(*local_loaded, "The capital of France is", 4)
+    assert result["meta"]["tree"] == result["rows"][1]["tree"] and result["meta"]["tree_given"] is False
+
+
+def test_demo_drafts_the_api_default_tree_on_a_cpu(capsys):
+    from eagle_mm import zoo
+    from eagle_mm.cli.bench import zoo_prompts
+
+    if not zoo.is_available("code-tiny"):
+        pytest.skip("the code-tiny reference model is not built")
+    assert main(["demo", "--max-new-tokens", "4", "--runs", "1", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    model = zoo.load("code-tiny", device="cpu")
+    assert _printed_tree(out) == _api_tree(model.target, model.eagle3_head, zoo_prompts(model.prompts, 1)[0], 4)
+
+
+# ---- timing: the median of several runs, and a plain word when they cannot tell -------------------------------
+def test_demo_reports_the_median_and_range_of_its_runs(capsys):
+    assert main(["demo", "--random", "--max-new-tokens", "4", "--runs", "3"]) == 0
+    out = capsys.readouterr().out
+    speedup = next(line for line in out.splitlines() if line.startswith("speed-up:"))
+    assert "(median of 3 runs, " in speedup and "x to " in speedup, out
+    assert "(medians of 3 runs)" in out
+
+
+def test_the_spread_says_when_runs_cannot_tell():
+    from eagle_mm.cli.timing import Spread
+
+    busy = Spread.of([0.55, 12.21, 0.40, 0.74])  # four runs of one command on a loaded 2-core machine
+    assert busy.noisy and busy.median == pytest.approx(0.645)
+    assert "too noisy to tell" in busy.warning("pass --runs 5") and "0.40x to 12.21x" in busy.warning("x")
+    steady = Spread.of([1.31, 1.25, 1.40])
+    assert not steady.noisy and steady.warning("x") is None
+    assert steady.describe() == "1.31x (median of 3 runs, 1.25x to 1.40x)"
+    assert Spread.of([2.0, 3.5]).noisy  # faster every time, but by how much the runs cannot say
+    assert Spread.of([0.95, 1.0, 1.02]).warning("x") is None  # about the same speed: an answer, not noise
+    assert "one timed run" in Spread.of([4.02]).warning("pass --repeats 3")
+
+
+def test_bench_reports_the_median_and_range_of_its_rounds(capsys, local_dirs):
+    import json
+
+    status, out, err = _bench(capsys, "--target", local_dirs[0], "--head", local_dirs[1], "--prompt", "Hello",
+                              "--max-new-tokens", 3, "--repeats", 3, "--json", "-")
+    assert status == 0, err
+    head = json.loads(out)["rows"][1]
+    assert len(head["speedup_rounds"]) == 3
+    assert head["speedup_low"] <= head["speedup"] <= head["speedup_high"]
+    assert head["speedup"] == pytest.approx(sorted(head["speedup_rounds"])[1])
+
+
+# ---- one-line errors ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, message", [
+    (["--do-sample", "--temperature", "0"], "--temperature 0: sampling divides the logits by it, so it must be > 0"),
+    (["--do-sample", "--top-p", "1.5"], "--top-p 1.5: a probability mass, it must be in (0, 1]"),
+    (["--depth", "2", "--top-k-tree", "97", "--total-tokens", "194"], "exceeds the head's draft vocabulary"),
+])
+def test_generate_option_errors_are_one_line(capsys, local_dirs, args, message):
+    status, _, err = _generate(capsys, *local_dirs, "--max-new-tokens", "4", *args)
+    assert status == 2
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_generate_names_a_head_passed_as_the_target(capsys, local_dirs):
+    status, _, err = _generate(capsys, local_dirs[1], local_dirs[1])
+    assert status == 2
+    assert f"{local_dirs[1]} is a draft head, not a target: pass it with --head, and the model it drafts for with " \
+           f"--target" in err, err
+
+
+def test_bench_table_says_when_its_rounds_cannot_tell():
+    from eagle_mm.cli.bench import format_table
+
+    meta = {"prompts": 1, "max_new_tokens": 8, "device": "cpu", "dtype": "torch.float32", "repeats": 4,
+            "tree": {"depth": 3, "top_k": 1, "total_tokens": 3}, "tree_given": False}
+    rows = [{"method": "generate", "tokens_per_s": 10.0, "speedup": 1.0, "speedup_low": 1.0, "speedup_high": 1.0,
+             "mean_accept_length": 1.0, "accept_rate_per_position": [], "matches_generate": None, "mismatch": False},
+            {"method": "eagle3", "tokens_per_s": 6.5, "speedup": 0.645, "speedup_low": 0.40, "speedup_high": 12.21,
+             "mean_accept_length": 2.4, "accept_rate_per_position": [0.6], "matches_generate": True,
+             "mismatch": False}]
+    table = format_table({"meta": meta, "rows": rows})
+    assert "the median of 4 round(s)' speed-ups" in table
+    assert "tree depth=3, top_k=1, total_tokens=3 (the default call's)" in table
+    assert "0.40-12.21x" in table.splitlines()[3]
+    assert "eagle3: too noisy to tell: the 4 runs ranged from 0.40x to 12.21x" in table, table

@@ -3,6 +3,7 @@ the CPU, in subprocesses), then its bookkeeping with torch's compiler and loader
 import json
 import logging
 import os
+import pickle
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -12,6 +13,8 @@ import torch
 
 import eagle_mm.decode.compiled as compiled
 from eagle_mm.decode.compiled import DiskCompiled
+
+REAL_LOAD = torch.compiler.load_compiled_function
 
 
 _CHILD = """
@@ -138,6 +141,19 @@ def test_the_key_names_what_unsaved_guards_would_check(fake_torch, tmp_path):
     assert fake_torch.made[-1] == "loaded"
 
 
+def test_the_key_names_a_forward_replaced_on_an_instance(fake_torch, tmp_path):
+    """A kernel hub's ``kernelize`` replaces ``forward`` on module instances, registered or kept in a dict attribute
+    (transformers 5.25's per-layer kernel functions): the guards that would see it are not saved, the key does."""
+    owner, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    owner.__dict__["_kernel_funcs"] = {"relu2": _local_function_module()}
+    DiskCompiled(step, "step", "default")(owner, x, 2)
+    owner.__dict__["_kernel_funcs"]["relu2"].forward = lambda x: x
+    DiskCompiled(step, "step", "default")(owner, x, 2)
+    owner.forward = lambda x: x
+    DiskCompiled(step, "step", "default")(owner, x, 2)
+    assert fake_torch.made == ["compiled"] * 3 and len(list(tmp_path.iterdir())) == 3
+
+
 def test_a_file_that_does_not_load_is_compiled_again_with_a_warning(fake_torch, caplog):
     owner, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
     DiskCompiled(step, "step", "default")(owner, x, 2)
@@ -192,3 +208,179 @@ def test_a_graph_break_compiles_in_the_process_only(monkeypatch, tmp_path, caplo
     assert plain == [{"dynamic": False, "mode": "default"}] and not list(tmp_path.iterdir())
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
         "the step of Linear cannot be compiled ahead of time"]
+
+
+def _local_function_module():
+    class Func(torch.nn.Module):  # defined in a function, as transformers 5.25's kernel-replaceable functions are
+        def forward(self, x):
+            return torch.relu(x) * 2
+
+    return Func()
+
+
+relu2 = _local_function_module()
+
+
+def local_step(owner, x):
+    return relu2(owner(x))
+
+
+def test_a_step_through_an_object_of_a_local_class_is_saved_and_loaded(monkeypatch, tmp_path):
+    """Real compiles: torch cannot save a guard on the type of an object whose class is local (transformers 5.25's
+    ``apply_rotary_pos_emb``), and guards through such an object fail at load; both are left to the key, so the
+    step is still compiled ahead of time, saved, and loaded."""
+    monkeypatch.setattr(compiled, "cache_folder", lambda: tmp_path)
+    owner, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    first = DiskCompiled(local_step, "step", "default")
+    assert torch.allclose(first(owner, x), local_step(owner, x))
+    assert (first.compiled, first.loaded, first._plain) == (1, 0, None)
+    second = DiskCompiled(local_step, "step", "default")
+    assert torch.allclose(second(owner, x), local_step(owner, x))
+    assert (second.compiled, second.loaded, second._plain) == (0, 1, None)
+
+
+# ---- files that are not ours: another user's folder or file, a planted pickle, another step's file -------------
+class Planted:
+    """A pickle that, when loaded, creates ``marker``: what torch's loader would run from a planted file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _as_another_user(monkeypatch, path) -> None:
+    """``path`` belongs to another user: given to uid 12345 when the tests run as root (as in CI's container),
+    otherwise this process takes another uid for the ownership checks (the files stay the tester's)."""
+    if os.geteuid() == 0:
+        os.chown(path, 12345, 12345)
+    else:
+        monkeypatch.setattr(compiled.os, "geteuid", lambda: os.getuid() + 1)
+
+
+def _one_file(folder):
+    (path,) = folder.iterdir()
+    return path
+
+
+def _cache(monkeypatch, tmp_path):
+    folder = tmp_path / "inductor" / "eagle_mm"
+    monkeypatch.setattr(compiled, "cache_folder", lambda: folder)
+    return folder
+
+
+@pytest.mark.parametrize("header", [False, True], ids=["bare", "with-header"])
+def test_a_planted_file_in_a_world_writable_folder_is_not_run(fake_torch, monkeypatch, tmp_path, caplog, header):
+    """The folder another user could write: nothing in it is unpickled (torch's real loader, a payload that would
+    create a marker file), whether the file is a bare pickle or carries a well-formed header; one warning names
+    the folder, and the step is compiled in this process, not saved."""
+    folder = _cache(monkeypatch, tmp_path)
+    owner, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    DiskCompiled(step, "step", "default")(owner, x, 2)
+    path, marker = _one_file(folder), tmp_path / "ran"
+    payload = pickle.dumps(Planted(marker))
+    if header:  # as this library writes it, for the key the good file was saved under
+        payload = compiled._pack(json.loads(path.read_bytes().split(b"\n")[1])["key"], payload)
+    path.write_bytes(payload)
+    folder.chmod(0o777)
+    monkeypatch.setattr(compiled.torch.compiler, "load_compiled_function", REAL_LOAD)
+    stepper = DiskCompiled(step, "step of Linear", "default")
+    with caplog.at_level(logging.WARNING, logger="eagle_mm.decode.compiled"):
+        assert torch.equal(stepper(owner, x, 2), owner(x) * 2)
+        stepper(owner, torch.randn(3, 4), 2)  # another key: no second warning
+    assert not marker.exists() and (stepper.loaded, stepper.compiled) == (0, 2)
+    assert len(list(folder.iterdir())) == 1  # nothing saved there
+    (record,) = caplog.records
+    assert "neither loaded from nor saved to" in record.getMessage() and "writable by other users" in \
+        record.getMessage() and "TORCHINDUCTOR_CACHE_DIR" in record.getMessage()
+
+
+def test_a_foreign_owned_folder_is_refused_with_one_warning(fake_torch, monkeypatch, tmp_path, caplog):
+    folder = _cache(monkeypatch, tmp_path)
+    owner, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    DiskCompiled(step, "step", "default")(owner, x, 2)  # a good file, then the folder changes hands
+    _as_another_user(monkeypatch, folder)
+    stepper = DiskCompiled(step, "step of Linear", "default")
+    with caplog.at_level(logging.WARNING, logger="eagle_mm.decode.compiled"):
+        assert torch.equal(stepper(owner, x, 2), owner(x) * 2)
+        stepper(owner, torch.randn(3, 4), 2)
+    assert fake_torch.made == ["compiled"] * 3 and (stepper.loaded, stepper.compiled) == (0, 2)
+    assert stepper._plain is None  # compiled ahead of time, in this process
+    (record,) = caplog.records
+    assert "belongs to another user" in record.getMessage() and str(folder) in record.getMessage()
+
+
+@pytest.mark.parametrize("change", ["another-owner", "writable", "link"])
+def test_a_file_another_user_could_have_written_is_not_read(fake_torch, monkeypatch, tmp_path, caplog, change):
+    folder = _cache(monkeypatch, tmp_path)
+    owner, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    DiskCompiled(step, "step", "default")(owner, x, 2)
+    path = _one_file(folder)
+    if change == "another-owner":
+        if os.geteuid() != 0:
+            pytest.skip("giving one file to another user takes root")
+        os.chown(path, 12345, 12345)
+    elif change == "writable":
+        path.chmod(0o666)
+    else:
+        elsewhere = tmp_path / "elsewhere.bin"
+        path.rename(elsewhere)
+        path.symlink_to(elsewhere)
+    with caplog.at_level(logging.WARNING, logger="eagle_mm.decode.compiled"):
+        DiskCompiled(step, "step of Linear", "default")(owner, x, 2)
+    assert fake_torch.made == ["compiled", "compiled"]
+    (record,) = caplog.records
+    assert "is not loaded" in record.getMessage()
+
+
+def other_step(owner, x, n: int):
+    return owner(x) + n
+
+
+def test_another_steps_file_under_this_steps_name_is_compiled_again_with_one_warning(fake_torch, tmp_path, caplog):
+    """A file copied over another's name (the update's file as the verify's) is refused before it is unpickled:
+    its header names the key it was saved under. Then it is compiled again and the file put right."""
+    owner, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    DiskCompiled(step, "step", "default")(owner, x, 2)
+    DiskCompiled(other_step, "other step", "default")(owner, x, 2)
+    mine = next(tmp_path.glob("step-*.bin"))
+    mine.write_bytes(next(tmp_path.glob("other_step-*.bin")).read_bytes())
+    with caplog.at_level(logging.WARNING, logger="eagle_mm.decode.compiled"):
+        out = DiskCompiled(step, "step of Linear", "default")(owner, x, 2)
+    assert torch.equal(out, owner(x) * 2) and fake_torch.made == ["compiled"] * 3
+    (record,) = caplog.records
+    assert "saved for another step or call" in record.getMessage()
+    DiskCompiled(step, "step", "default")(owner, x, 2)
+    assert fake_torch.made[-1] == "loaded"
+
+
+def test_guards_that_raise_are_compiled_again_with_one_warning(fake_torch, caplog):
+    """Guards written for other arguments raise (``TypeError: too many positional arguments`` from dynamo's
+    guard check) rather than fail: the step is compiled again, not crashed."""
+    owner, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    DiskCompiled(step, "step", "default")(owner, x, 2)
+
+    def raising(*args):
+        raise TypeError("too many positional arguments")
+
+    fake_torch.loaded_guards = raising
+    with caplog.at_level(logging.WARNING, logger="eagle_mm.decode.compiled"):
+        out = DiskCompiled(step, "step of Linear", "default")(owner, x, 2)
+    assert torch.equal(out, owner(x) * 2) and fake_torch.made == ["compiled", "loaded", "compiled"]
+    (record,) = caplog.records
+    assert "too many positional arguments" in record.getMessage()
+
+
+def test_a_damaged_file_is_not_unpickled(fake_torch, tmp_path, caplog):
+    owner, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    DiskCompiled(step, "step", "default")(owner, x, 2)
+    path = _one_file(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="eagle_mm.decode.compiled"):
+        DiskCompiled(step, "step of Linear", "default")(owner, x, 2)
+    assert fake_torch.made == ["compiled", "compiled"]  # never handed to torch's loader
+    (record,) = caplog.records
+    assert "checksum" in record.getMessage()

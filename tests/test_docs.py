@@ -45,7 +45,7 @@ def _defined_names(tree: ast.Module) -> set[str]:
 def _fixture() -> dict:
     """What the placeholder blocks would define, on a tiny model."""
     model = tiny_model("llama")
-    return {"model": model, "tokenizer": tiny_tokenizer(), "head": em.Eagle3Head.from_target(model)}
+    return {"model": model, "tokenizer": tiny_tokenizer(), "head": em.Eagle3Head.from_target(model), "device": "cpu"}
 
 
 @pytest.mark.parametrize("page", RUN_PAGES)
@@ -117,3 +117,56 @@ def test_site_builds_strict(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "api" / "index.html").is_file()
+
+
+# ---- docs/byom.md, on a tiny stand-in ------------------------------------------------------------------------
+_BASH = re.compile(r"^```bash\n(.*?)^```", re.M | re.S)
+_BYOM_TOKENS = 8  # the page asks for 256 new tokens of an 8B model; the stand-in's are as telling at 8
+
+
+def _commands(block: str) -> list[list[str]]:
+    import shlex
+
+    return [shlex.split(line) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def _stand_in(root: Path, download: list[list[str]]) -> None:
+    """A tiny target and head in the folders the page's download block writes (no 8B model runs offline)."""
+    from tests.local_models import save_local_checkpoints
+
+    target, head = save_local_checkpoints(root / "stand-in")
+    folders = [c[c.index("--local-dir") + 1] for c in download if "--local-dir" in c]
+    assert len(folders) == 2 and "EAGLE3" in folders[1], folders
+    (root / folders[0]).parent.mkdir(parents=True, exist_ok=True)
+    target.rename(root / folders[0])
+    head.rename(root / folders[1])
+
+
+def test_byom_page_runs_on_a_tiny_stand_in(tmp_path, monkeypatch, capsys):
+    """docs/byom.md top to bottom, with a tiny random target and an untrained head standing in for the 8B pair its
+    download block fetches: every other block runs as written (new tokens cut to 8), through the CLI and Python."""
+    from eagle_mm.cli.main import main
+
+    page = (DOCS / "byom.md").read_text(encoding="utf-8")
+    assert "device_map=\"cuda\"" not in page
+    blocks = [_commands(b) for b in _BASH.findall(page)]
+    download = blocks[0]
+    assert download[0] == ["hf", "auth", "login"] and all(c[:2] == ["hf", "download"] for c in download[1:])
+    monkeypatch.chdir(tmp_path)
+    _stand_in(tmp_path, download)
+    ran = []
+    for commands in blocks[1:]:
+        for argv in commands:
+            assert argv[0] == "eagle-mm", argv
+            argv = [str(_BYOM_TOKENS) if prev == "--max-new-tokens" else a for prev, a in zip([""] + argv, argv)]
+            assert main(argv[1:]) == 0, (argv, capsys.readouterr())
+            ran.append(argv[1])
+    assert ran == ["generate", "generate", "bench", "export"], ran
+    out = capsys.readouterr().out
+    assert "greedy outputs: identical" in out and "vllm serve models/Llama-3.1-8B-Instruct" in out, out
+    assert (tmp_path / "bench.json").is_file() and (tmp_path / "exported" / "vllm" / "config.json").is_file()
+    (python,) = _blocks("byom.md")
+    namespace: dict = {"__name__": "__docs__"}
+    exec(compile(python.replace("max_new_tokens=256", f"max_new_tokens={_BYOM_TOKENS}"), "byom.md python", "exec"),
+         namespace)
+    assert namespace["out"].stats.mean_accept_length >= 1.0 and namespace["device"] == "cpu"

@@ -218,13 +218,24 @@ def test_detection_without_our_record(target, tmp_path):
 def test_engine_limits_are_errors(target, tmp_path):
     with pytest.raises(ValueError, match="builds fc without a bias.*layout='sglang'"):
         export_head(make_head("eagle", target, bias=True), tmp_path / "a", "vllm")
-    with pytest.raises(ValueError, match=r"hidden_states\[0\]"):
-        export_head(Eagle3Head.from_target(target, aux_layers=(0, 2, 4)), tmp_path / "b", "sglang")
+    layer0 = Eagle3Head.from_target(target, aux_layers=(0, 2, 4))
+    with pytest.raises(ValueError, match=r"vLLM 0\.17\.1 cannot capture aux layer 0 .* vLLM >= 0\.18\.0 captures it"):
+        export_head(layer0, tmp_path / "b", "vllm", engine_version="0.17.1")
+    with pytest.raises(ValueError, match=r"SGLang 0\.5\.21 cannot capture aux layer 0 .* SGLang >= 0\.5\.22"):
+        export_head(layer0, tmp_path / "b", "sglang", engine_version="0.5.21")
+    with pytest.raises(ValueError, match=r"vLLM 0\.17\.1 cannot capture aux layer 0"):
+        export_head(layer0, tmp_path / "b", "speculators", engine_version="v0.17.1")
+    with pytest.raises(ValueError, match=r"not in ascending order: vLLM concatenates .* in layer order \(1, 3, 4\)"):
+        export_head(Eagle3Head.from_target(target, aux_layers=(3, 1, 4)), tmp_path / "b", "vllm")
+    with pytest.raises(ValueError, match="engine_version 'latest' is not a release number"):
+        export_head(layer0, tmp_path / "b", "vllm", engine_version="latest")
+    with pytest.raises(ValueError, match="the 'eagle' layout is served by neither"):
+        export_head(layer0, tmp_path / "b", "eagle", engine_version="0.18.0")
     with pytest.raises(ValueError, match="qkv_proj without a bias"):
         export_head(make_head("eagle3", target, attention_bias=True), tmp_path / "c", "sglang")
     with pytest.raises(ValueError, match="unknown layout 'trt'; expected one of eagle, vllm, sglang"):
         export_head(make_head("eagle", target), tmp_path / "d", "trt")
-    assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()  # nothing half-written
+    assert not any((tmp_path / d).exists() for d in "abc")  # nothing half-written
 
 
 def test_attention_bias_pads_a_zero_o_proj_bias(target, tmp_path):
@@ -288,8 +299,57 @@ def test_target_config_checks_and_positions(target, tmp_path):
     assert json.loads((tmp_path / "s/config.json").read_text())["max_position_embeddings"] == 8192  # rope cache size
     assert load_exported(tmp_path / "s").config == head.config  # restored: 2048
     short = target.config.__class__(**{**target.config.to_dict(), "num_hidden_layers": 4})
-    with pytest.raises(ValueError, match=r"records hidden_states indices 1\.\.3"):
+    with pytest.raises(ValueError, match=r"captures hidden_states indices 0\.\.3"):
         export_head(head, tmp_path / "v", "vllm", target_config=short)
     wide = target.config.__class__(**{**target.config.to_dict(), "hidden_size": 128})
     with pytest.raises(ValueError, match="hidden size 64 does not match the target's 128"):
         export_head(head, tmp_path / "v", "vllm", target_config=wide)
+
+
+@pytest.mark.compat
+def test_cli_exports_a_layer0_head(target, tmp_path, capsys):
+    """The input embeddings as aux layer 0: vLLM's current loader reads the ids as (embeddings, mid, high)."""
+    from tests.engine_oracles import vllm_native
+
+    Eagle3Head.from_target(target, aux_layers=(0, 3, 5)).save_pretrained(tmp_path / "head")
+    target.config.save_pretrained(tmp_path / "target")
+    args = _parser().parse_args(["export", str(tmp_path / "head"), "--layout", "vllm", "--output",
+                                 str(tmp_path / "out"), "--target", str(tmp_path / "target")])
+    assert args.func(args) == 0
+    config = json.loads((tmp_path / "out/config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 3, 5]
+    assert vllm_native(config, N_LAYERS, "0.34.0") == [0, 3, 5]  # stream positions: embeddings, layers 3 and 5 in
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == ("note: aux layer 0 (the input embeddings) is captured from vLLM 0.18.0 on (native model "
+                        "implementation; not the Transformers backend, up to vLLM 0.34.0)")
+    assert lines[2].startswith("vllm serve ")
+    args = _parser().parse_args(["export", str(tmp_path / "head"), "--layout", "vllm", "--output",
+                                 str(tmp_path / "old"), "--engine-version", "0.17.1"])
+    assert args.func(args) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "vLLM 0.17.1 cannot capture aux layer 0" in err
+
+
+@pytest.mark.parametrize("layout", ["vllm", "sglang", "speculators"])
+def test_cli_checks_aux_layers_without_target(layout, target, tmp_path, capsys):
+    """Without --target the head's own aux layers are checked against the layout, and what needs the target's
+    layer count is said before the serve command, not passed over."""
+    Eagle3Head.from_target(target, aux_layers=(1, 3, 6)).save_pretrained(tmp_path / "last")  # 6 = N: normed output
+    Eagle3Head.from_target(target, aux_layers=(1, 3, 3)).save_pretrained(tmp_path / "twice")
+    target.config.save_pretrained(tmp_path / "target")
+
+    def export(head, *extra):
+        args = _parser().parse_args(["export", str(tmp_path / head), "--layout", layout, "--output",
+                                     str(tmp_path / f"out-{head}-{len(extra)}"), *extra])
+        return args.func(args), capsys.readouterr()
+
+    status, out = export("last")
+    assert status == 0
+    notes = [line for line in out.out.splitlines() if line.startswith("note: ")]
+    assert notes and "aux layers (1, 3, 6) are not checked against the target's layer count" in notes[0]
+    assert "so 6 must be below N; pass the target to check" in notes[0]
+    assert out.out.index("note: ") < out.out.index("--speculative-")
+    status, out = export("last", "--target", str(tmp_path / "target"))
+    assert status == 1 and out.err.count("\n") == 1 and "aux layer(s) [6] out of range" in out.err
+    status, out = export("twice")
+    assert status == 1 and out.err.count("\n") == 1 and "name a hidden state twice" in out.err

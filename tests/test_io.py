@@ -371,3 +371,45 @@ def test_bad_dtype_argument(tmp_path, target):
     EagleHead.from_target(target).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"floating torch dtype.*'int8'"):
         load_head(tmp_path, dtype="int8")
+
+
+# ---- checksums: what this library saved is what it loads ---------------------------------------------
+def _flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside a weight's bytes: the file's header and index stay valid
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("name, safe", [("model.safetensors", True), ("pytorch_model.bin", False)])
+def test_a_flipped_byte_in_a_saved_head_is_refused(tmp_path, target, name, safe):
+    head = Eagle3Head.from_target(target, draft_vocab_size=DRAFT_V, aux_layers=(1, 3, 4))
+    head.save_pretrained(tmp_path / "head", safe_serialization=safe)
+    recorded = json.loads((tmp_path / "head" / "config.json").read_text())["eagle_mm_weights_sha256"]
+    assert list(recorded) == [name]
+    load_head(tmp_path / "head")  # intact: loads
+    _flip_a_byte(tmp_path / "head" / name)
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'head' / name} is damaged: its bytes changed "
+                                                   "after it was written")) as err:
+        load_head(tmp_path / "head")
+    assert "copy or save the head again" in str(err.value) and "eagle_mm_weights_sha256" in str(err.value)
+
+
+def test_a_head_saved_elsewhere_loads_without_a_checksum(tmp_path, target):
+    head = EagleHead.from_target(target)
+    head.save_pretrained(tmp_path / "head")
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    del config["eagle_mm_weights_sha256"]
+    (tmp_path / "head" / "config.json").write_text(json.dumps(config))
+    _flip_a_byte(tmp_path / "head" / "model.safetensors")  # undetectable without a record, as before
+    load_head(tmp_path / "head")
+
+
+def test_weights_a_checksum_does_not_cover_are_refused(tmp_path, target):
+    head = EagleHead.from_target(target)
+    head.save_pretrained(tmp_path / "head")
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    config["eagle_mm_weights_sha256"] = {"pytorch_model.bin": "0" * 64}
+    (tmp_path / "head" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="model.safetensors is not among the files .* records"):
+        load_head(tmp_path / "head")

@@ -2,6 +2,7 @@
 malformed head files are refused at load with their path; trees are bounded; unclear inputs get clear errors."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pathlib
@@ -181,9 +182,13 @@ def _saved(tmp_path, target, fmt="safetensors"):
 
 
 def _edit(root, **changes):
+    """Rewrite tensors of a saved head as another tool would: its config.json then records no checksum."""
     state = load_file(str(root / "model.safetensors"))
     state.update(changes)
     save_file(state, str(root / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((root / "config.json").read_text())
+    config.pop("eagle_mm_weights_sha256", None)
+    (root / "config.json").write_text(json.dumps(config))
 
 
 def test_float_d2t_is_refused_at_load(tmp_path, target):

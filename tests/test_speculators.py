@@ -7,6 +7,7 @@ both. The slow test at the end reruns the converter itself from its own venv.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -147,32 +148,42 @@ needs_venv = pytest.mark.skipif(not (ref.VENV / "bin" / "speculators").exists(),
 
 @pytest.mark.slow
 @needs_venv
-@pytest.mark.parametrize("flags", [{}, {"norm_before_residual": True, "norm_output": True}], ids=["official", "variants"])
-def test_real_converter_round_trip(tmp_path, flags):
-    """Convert with `speculators convert`; our load equals the official one, our export equals the
-    converter's files, and speculators' Eagle3SpeculatorConfig reads our export."""
-    target_dir, official_dir, converted_dir = ref.build(tmp_path, **flags)
+@pytest.mark.parametrize("aux, flags", [(ref.AUX, {}), (ref.AUX, {"norm_before_residual": True, "norm_output": True}),
+                                        (ref.AUX_LAYER0, {})], ids=["official", "variants", "layer0"])
+def test_real_converter_round_trip(tmp_path, aux, flags):
+    """Convert with `speculators convert` (and its validation); our load equals the official one, our export
+    equals the converter's files, and speculators' own loaders (the converter's validation model and
+    Eagle3DraftModel, which checks the ids against the verifier) read our export."""
+    from transformers import AutoConfig
+
+    target_dir, official_dir, converted_dir = ref.build(tmp_path, aux, **flags)
     model = ref.target()
     official = em.load_head(official_dir, target=model)
     converted = em.load_head(converted_dir, target=model)
-    assert converted.config == official.config
+    assert converted.config == official.config and converted.config.aux_layers == aux
     _same_state(converted.state_dict(), official.state_dict())
     _same_drafts(official_dir, converted_dir, model)
 
     ours = tmp_path / "ours"
-    official.save_pretrained(ours, layout="speculators")
+    official.save_pretrained(ours, layout="speculators", target_config=AutoConfig.from_pretrained(target_dir))
     _same_state(load_file(ours / "model.safetensors"), load_file(converted_dir / "model.safetensors"))
     mine = json.loads((ours / "config.json").read_text())
-    mine["speculators_config"]["verifier"].pop("name_or_path")
+    assert mine["speculators_config"]["verifier"].pop("name_or_path") == str(target_dir)
     assert mine == _converter_config(converted_dir)
 
-    read = ("import json, sys; from speculators.models.eagle3 import Eagle3SpeculatorConfig as C; "
+    read = ("import json, sys; "
+            "from speculators.models.eagle3 import Eagle3SpeculatorConfig as C, Eagle3DraftModel as D; "
+            "from speculators.convert.eagle.eagle3_legacy_model import Eagle3Speculator as S; "
             "c = C.from_pretrained(sys.argv[1]); t = c.transformer_layer_config; "
+            "s = S.from_pretrained(sys.argv[1], verifier=sys.argv[2], verifier_attachment_mode='detached'); "
+            "d = D.from_pretrained(sys.argv[1]); "
             "print(json.dumps([c.draft_vocab_size, c.eagle_aux_hidden_state_layer_ids, c.target_hidden_size, "
             "t.hidden_size, t.vocab_size, t.num_key_value_heads, c.speculators_config.algorithm, "
-            "c.norm_before_residual, c.norm_output]))")
-    out = subprocess.run([str(ref.VENV / "bin" / "python"), "-c", read, str(ours)], check=True, capture_output=True,
-                         text=True, timeout=300).stdout
+            "c.norm_before_residual, c.norm_output, d.target_layer_ids, list(d.fc.weight.shape), "
+            "list(s.fc.weight.shape)]))")
+    out = subprocess.run([str(ref.VENV / "bin" / "python"), "-c", read, str(ours), str(target_dir)], check=True,
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"}).stdout
     variants = [bool(flags.get("norm_before_residual")), bool(flags.get("norm_output"))]
-    assert json.loads(out.strip().splitlines()[-1]) == [ref.DRAFT_V, list(ref.AUX), 32, 32, 96, 1, "eagle3", *variants]
+    assert json.loads(out.strip().splitlines()[-1]) == [ref.DRAFT_V, list(aux), 32, 32, 96, 1, "eagle3", *variants,
+                                                        list(aux), [32, 96], [32, 96]]
     assert official.config.variants() == tuple(sorted(flags, key=em.Eagle3Config.VARIANTS.index))

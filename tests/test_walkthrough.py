@@ -45,6 +45,14 @@ def test_the_walkthrough_is_marked():
         assert command in text, f"the walk-through no longer runs {command!r}"
 
 
+def test_the_stated_time_is_a_measurement():
+    """The page states what the walk took where it was measured, not a hope."""
+    page = PAGE.read_text(encoding="utf-8")
+    intro = page.split("## Walk-through", 1)[1].split("<!-- walkthrough -->", 1)[0]
+    assert re.search(r"Measured: \d+ s .*2-core CPU", " ".join(intro.split())), intro
+    assert "about a minute" not in intro
+
+
 def test_the_install_gives_the_console_script():
     """The walk-through starts after `pip install -e .`: that is what puts `eagle-mm` on PATH."""
     page = PAGE.read_text(encoding="utf-8")
@@ -132,6 +140,7 @@ def test_generate_with_the_shipped_model(walked):
     assert "greedy outputs: identical" in out, out  # float32 on a CPU: token for token
     assert "Traceback" not in out and "Loading weights" not in out, out
     assert "mean accept length:" in out and "accept rate per position: [" in out and "speed-up:" in out
+    assert "tree: depth=" in out  # no tree options: the default call's tree for the device, printed
 
 
 def test_training_data_is_written(walked):

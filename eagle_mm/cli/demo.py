@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
+from .timing import Spread
 from .util import add_tree_args, tree_kwargs
 from .util import fail as _fail
 from .util import positive_int as _positive_int
@@ -59,7 +61,10 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="code model: decode with compile=True (the engine's verify and update compiled by "
                              "inductor); the first call compiles, untimed: a minute or more on a 2-core CPU the first "
                              "time, less once inductor has cached its kernels")
-    add_tree_args(parser, "draft tree (defaults: eagle_mm.TreeConfig)")
+    parser.add_argument("--runs", type=_positive_int, default=3,
+                        help="timed runs of each decoding; the speed-up is their median, shown with its range "
+                             "(default 3)")
+    add_tree_args(parser, "draft tree (default: the tree speculative_generate's default call drafts)")
     parser.set_defaults(func=_run_demo)
 
 
@@ -100,7 +105,7 @@ def _run_image_demo(args: argparse.Namespace) -> int:
     from ..config import TreeConfig
 
     given = tree_kwargs(args)
-    options = {"max_new_tokens": args.max_new_tokens, "device": args.device,
+    options = {"max_new_tokens": args.max_new_tokens, "device": args.device, "runs": args.runs,
                "tree": TreeConfig(**given) if given else None}
     if args.prompt is not None:
         options["question"] = args.prompt
@@ -112,7 +117,7 @@ def _run_image_demo(args: argparse.Namespace) -> int:
     shown = f"a rendered validation scene (seed 0), saved to {image}" if scene else args.image
     print(f"image: {shown}\nquestion: {result['question']}\ncompletion: {result['completion']}\n---")
     _print_report(str(result["identical"]), result["mean_accept_length"], result["accept_rate_per_position"],
-                  result["generate_s"], result["speculative_s"])
+                  result["generate_s"], result["speculative_s"], result["speedups"])
     return 0 if result["identical"] else 1
 
 
@@ -130,15 +135,23 @@ def _save_scene(name: str) -> Path:
     return path
 
 
-def _print_report(identical: str, mean: float, rates, generate_s: float, speculative_s: float) -> None:
-    """identical: "True", or "False" and what the difference is."""
+def _print_report(identical: str, mean: float, rates, generate_s: float, speculative_s: float,
+                  speedups: list[float]) -> Spread:
+    """identical: "True", or "False" and what the difference is. generate_s, speculative_s: the median wall times;
+    speedups: one per timed pair of runs."""
+    spread = Spread.of(speedups)
     print(f"identical: {identical}")
     print(f"mean accept length: {float(mean):.3f} tokens per target forward (plain decoding: 1; the rest are "
           f"draft tokens the target confirmed)")
     print(f"accept rate per position: [{', '.join(f'{float(rate):.3f}' for rate in rates)}] (entry i: the share of "
           f"forwards that kept the first i+1 draft tokens)")
-    print(f"wall time: generate {generate_s:.3f} s, speculative_generate {speculative_s:.3f} s")
-    print(f"speed-up: {generate_s / speculative_s:.2f}x (one timed run each)")
+    runs = "" if spread.runs == 1 else f" (medians of {spread.runs} runs)"
+    print(f"wall time: generate {generate_s:.3f} s, speculative_generate {speculative_s:.3f} s{runs}")
+    print(f"speed-up: {spread.describe()}")
+    warning = spread.warning("pass --runs 5 (or a larger --max-new-tokens)")
+    if warning:
+        print(f"note: {warning}")
+    return spread
 
 
 def print_forwards(stats, new_tokens: int) -> None:
@@ -150,24 +163,41 @@ def print_forwards(stats, new_tokens: int) -> None:
           f"s, verifying (target) {stats.time_verify:.3f} s, other {stats.time_other:.3f} s")
 
 
-def _print_demo_result(model, reference, out, prompt_length: int, generate_s: float, speculative_s: float) -> bool:
-    """The shared part of both demos' report; returns False on a mismatch that rounding does not explain."""
+def _timed_runs(device, runs: int, generate, speculative):
+    """(generate's output, speculative's output, generate's seconds, speculative's seconds), ``runs`` timed runs
+    of each, alternating, so that a burst of load on a shared machine falls on both alike."""
+    from eagle_mm.cli.bench import timed
+
+    generate_s, speculative_s = [], []
+    for _ in range(runs):
+        reference, seconds = timed(device, generate)
+        generate_s.append(seconds)
+        out, seconds = timed(device, speculative)
+        speculative_s.append(seconds)
+    return reference, out, generate_s, speculative_s
+
+
+def _print_demo_result(model, reference, out, prompt_length: int, generate_s: list[float],
+                       speculative_s: list[float]) -> tuple[bool, Spread]:
+    """The shared part of both demos' report: (False on a mismatch that rounding does not explain, the speed-up)."""
     from ..divergence import compare_greedy
 
     verdict = compare_greedy(model, reference, out.sequences, prompt_length)
     stats = out.stats
     print_forwards(stats, out.sequences.shape[1] - prompt_length)
     identical = "True" if verdict.verdict == "identical" else f"False, {verdict}"
-    _print_report(identical, stats.mean_accept_length, stats.accept_rate_per_position, generate_s, speculative_s)
+    spread = _print_report(identical, stats.mean_accept_length, stats.accept_rate_per_position,
+                           statistics.median(generate_s), statistics.median(speculative_s),
+                           [g / s for g, s in zip(generate_s, speculative_s)])
     if verdict.is_mismatch:
         print(f"error: speculative_generate differs from model.generate(do_sample=False): {verdict}", file=sys.stderr)
-    return not verdict.is_mismatch
+    return not verdict.is_mismatch, spread
 
 
 def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
     import eagle_mm
     from eagle_mm import zoo
-    from eagle_mm.cli.bench import timed, zoo_prompts
+    from eagle_mm.cli.bench import zoo_prompts
 
     model = zoo.load_dir(path, device=args.device)
     target, tokenizer = model.target, model.tokenizer
@@ -176,8 +206,8 @@ def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
     enc = tokenizer(prompt, return_tensors="pt").to(target.device)
     prompt_length = enc["input_ids"].shape[1]
     given = tree_kwargs(args)
-    # What the default call drafts on this device (a short chain on a CPU) unless any tree option was given.
-    tree = eagle_mm.TreeConfig(**given) if given else model.demo_tree()
+    # No tree option: None, so the demo drafts what the default call drafts on this device.
+    tree = eagle_mm.TreeConfig(**given) if given else None
     options = {"max_new_tokens": args.max_new_tokens, "do_sample": False}
     static = {"compile": True} if args.compile else {}
     if static:
@@ -187,9 +217,11 @@ def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
     # timing; at the full length, since the engine's cache length (and so its graphs) follows max_new_tokens.
     eagle_mm.speculative_generate(target, head, **enc, **options, tree=tree, **static)
     target.generate(**enc, **dict(options, max_new_tokens=8))
-    reference, generate_s = timed(target.device, lambda: target.generate(**enc, **options))
-    out, speculative_s = timed(target.device, lambda: eagle_mm.speculative_generate(
-        target, head, **enc, **options, tree=tree, return_dict_in_generate=True, **static))
+    reference, out, generate_s, speculative_s = _timed_runs(
+        target.device, args.runs, lambda: target.generate(**enc, **options),
+        lambda: eagle_mm.speculative_generate(target, head, **enc, **options, tree=tree, return_dict_in_generate=True,
+                                              **static))
+    tree = out.stats.tree
 
     info = model.manifest.get("target", {})
     shape = info.get("config", {}).get("shape", {})
@@ -204,9 +236,9 @@ def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
     print(f"completion ({out.sequences.shape[1] - prompt_length} tokens):")
     print(tokenizer.decode(out.sequences[0, prompt_length:], skip_special_tokens=True))
     print("---")
-    ok = _print_demo_result(target, reference, out, prompt_length, generate_s, speculative_s)
-    if not static and target.device.type == "cpu" and speculative_s > generate_s:
-        print("note: slower than generate in this run: on a shared 2-core CPU timings vary from run to run; "
+    ok, spread = _print_demo_result(target, reference, out, prompt_length, generate_s, speculative_s)
+    if not static and target.device.type == "cpu" and spread.high < 1.0:
+        print("note: slower than generate in every run: on a CPU a model this small gains little from speculation; "
               "`eagle-mm demo --compile` times the compiled engine (docs/benchmarks.md)")
     return 0 if ok else 1
 
@@ -216,7 +248,6 @@ def _run_random_demo(args: argparse.Namespace) -> int:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import eagle_mm
-    from eagle_mm.cli.bench import timed
 
     torch.manual_seed(args.seed)
     # No EOS token: every run decodes exactly --max-new-tokens tokens.
@@ -242,17 +273,19 @@ def _run_random_demo(args: argparse.Namespace) -> int:
     if tree:
         spec_kwargs["tree"] = eagle_mm.TreeConfig(**tree)
 
-    reference, generate_s = timed(model.device, lambda: model.generate(
-        input_ids, max_new_tokens=args.max_new_tokens, do_sample=False))
-    out, speculative_s = timed(model.device, lambda: eagle_mm.speculative_generate(
-        model, head, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
-        do_sample=False, return_dict_in_generate=True, **spec_kwargs,
-    ))
+    reference, out, generate_s, speculative_s = _timed_runs(
+        model.device, args.runs,
+        lambda: model.generate(input_ids, max_new_tokens=args.max_new_tokens, do_sample=False),
+        lambda: eagle_mm.speculative_generate(model, head, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
+                                              do_sample=False, return_dict_in_generate=True, **spec_kwargs))
 
     print(f"target: tiny RANDOM LlamaForCausalLM ({_DEMO_LAYERS} layers, hidden {_DEMO_HIDDEN}), "
           f"head: {head_cls.__name__} (untrained), seed {args.seed}")
+    tree = out.stats.tree
+    print(f"tree: depth={tree.depth}, top_k={tree.top_k}, total_tokens={tree.total_tokens}")
     print(f"prompt ids ({args.prompt_length}): {input_ids[0].tolist()}")
     print(f"generate ids ({reference.shape[1] - args.prompt_length}): {reference[0, args.prompt_length:].tolist()}")
     print(f"speculative ids ({out.sequences.shape[1] - args.prompt_length}): "
           f"{out.sequences[0, args.prompt_length:].tolist()}")
-    return 0 if _print_demo_result(model, reference, out, args.prompt_length, generate_s, speculative_s) else 1
+    ok, _ = _print_demo_result(model, reference, out, args.prompt_length, generate_s, speculative_s)
+    return 0 if ok else 1

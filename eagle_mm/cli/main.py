@@ -54,7 +54,8 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
     sampling.add_argument("--top-p", type=float, default=None)
     sampling.add_argument("--top-k", type=_positive_int, default=None, help="sampling top-k (not the tree's)")
     sampling.add_argument("--seed", type=int, default=None, help="seeds sampling (generator=)")
-    add_tree_args(parser, "draft tree (defaults: eagle_mm.TreeConfig)", top_k_flag="--top-k-tree")
+    add_tree_args(parser, "draft tree (default: the tree speculative_generate's default call drafts)",
+                  top_k_flag="--top-k-tree")
     parser.set_defaults(func=_run_generate)
 
 
@@ -69,6 +70,11 @@ def _check_generate_args(args: argparse.Namespace) -> str | None:
              if getattr(args, name) is not None]
     if given and not args.do_sample:
         return f"{', '.join(given)}: sampling options, ignored by greedy decoding; add --do-sample"
+    if args.temperature is not None and args.temperature <= 0:
+        return (f"--temperature {args.temperature:g}: sampling divides the logits by it, so it must be > 0; for "
+                f"greedy decoding drop --do-sample")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        return f"--top-p {args.top_p:g}: a probability mass, it must be in (0, 1] (1 keeps every token)"
     return None
 
 
@@ -112,8 +118,10 @@ def _run_generate(args: argparse.Namespace) -> int:
     import eagle_mm
 
     quiet_loading(args.verbose)
+    given = tree_kwargs(args)
     try:
-        tree = eagle_mm.TreeConfig(**tree_kwargs(args))
+        # No tree options: None, so the call drafts what the default call drafts on this device.
+        tree = eagle_mm.TreeConfig(**given) if given else None
         model, tokenizer, head = _load_for_generate(args)
     except (OSError, ValueError) as exc:
         return _fail(str(exc))
@@ -127,27 +135,31 @@ def _run_generate(args: argparse.Namespace) -> int:
     def generator():
         return None if args.seed is None else torch.Generator(device=model.device).manual_seed(args.seed)
 
-    if args.compare:
-        # Untimed warm-up of both paths (allocator, kernels, lazy inits), so neither pays it in the timing.
-        warm = dict(options, max_new_tokens=min(8, args.max_new_tokens))
-        eagle_mm.speculative_generate(model, head, **inputs, **warm, tree=tree, generator=generator())
-        model.generate(**inputs, **warm)
-    start = time.perf_counter()
-    out = eagle_mm.speculative_generate(
-        model, head, **inputs, **options, tree=tree, generator=generator(), return_dict_in_generate=True,
-        streamer=TextStreamer(tokenizer, skip_prompt=True),
-    )
-    speculative_s = time.perf_counter() - start
+    try:
+        if args.compare:
+            # Untimed warm-up of both paths (allocator, kernels, lazy inits), so neither pays it in the timing.
+            warm = dict(options, max_new_tokens=min(8, args.max_new_tokens))
+            eagle_mm.speculative_generate(model, head, **inputs, **warm, tree=tree, generator=generator())
+            model.generate(**inputs, **warm)
+        start = time.perf_counter()
+        out = eagle_mm.speculative_generate(
+            model, head, **inputs, **options, tree=tree, generator=generator(), return_dict_in_generate=True,
+            streamer=TextStreamer(tokenizer, skip_prompt=True),
+        )
+        speculative_s = time.perf_counter() - start
+    except ValueError as exc:  # an option generate() or the loop refuses: its message, on one line
+        return _fail(" ".join(str(exc).split()))
     n_new = out.sequences.shape[1] - inputs["input_ids"].shape[1]
-    _print_stats(out.stats, tree, n_new, speculative_s)
+    _print_stats(out.stats, n_new, speculative_s)
     print(f"dtype: target {model.dtype}, head {next(head.parameters()).dtype}; device: {model.device}")
     if args.compare:
         return _compare(model, inputs, options, args, out.sequences, n_new / speculative_s)
     return 0
 
 
-def _print_stats(stats, tree, n_new: int, seconds: float) -> None:
+def _print_stats(stats, n_new: int, seconds: float) -> None:
     rates = ", ".join(f"{rate:.3f}" for rate in stats.accept_rate_per_position)
+    tree = stats.tree
     print()
     print(f"tree: depth={tree.depth}, top_k={tree.top_k}, total_tokens={tree.total_tokens}")
     print(f"mean accept length: {stats.mean_accept_length:.3f} (tokens per target forward; plain decoding: 1)")
@@ -171,7 +183,8 @@ def _compare(model, inputs: dict, options: dict, args: argparse.Namespace, seque
     n_ref = reference.shape[1] - inputs["input_ids"].shape[1]
     print(f"model.generate: {n_ref} tokens in {generate_s:.3f} s ({n_ref / generate_s:.1f} tokens/s)")
     # Per token: an EOS can end the two runs at different lengths when sampling.
-    print(f"speed-up: {speculative_rate / (n_ref / generate_s):.2f}x (one timed run each)")
+    print(f"speed-up: {speculative_rate / (n_ref / generate_s):.2f}x (one timed run each; eagle-mm bench times several "
+          f"and reports their median)")
     if args.do_sample:
         print("greedy outputs: n/a (sampling: outputs are draws, equal only in distribution)")
         return 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -44,21 +45,40 @@ def fail(message: str) -> int:
     return 2
 
 
-def check_model_dir(path: str, flag: str = "--target") -> str | None:
+def check_model_dir(path: str, flag: str = "--target", head_flag: str = "--head") -> str | None:
     """The problem with ``path`` as a local Hugging Face model directory, or None.
 
     A reference model's root (``eagle_mm.zoo``: it holds ``target/`` and the heads beside it) is named as such,
-    with the directory to pass instead, rather than left to fail deep inside ``from_pretrained``.
+    with the directory to pass instead, rather than left to fail deep inside ``from_pretrained``; so is a draft
+    head's directory, with the flag that takes it (``head_flag``).
     """
     root = Path(path)
     if not root.is_dir():
         return f"no such directory: {path}; pass {flag} a local model directory (what save_pretrained writes)"
     if (root / "config.json").is_file():
+        if _is_draft_head(root / "config.json"):
+            return (f"{path} is a draft head, not a target: pass it with {head_flag}, and the model it drafts for "
+                    f"with {flag}")
         return None
     if (root / "target" / "config.json").is_file():
         return (f"{path} is a reference model's folder, not a model: the target is in its target/ subfolder; "
                 f"pass {flag} {root / 'target'}")
     return f"{path} has no config.json; pass {flag} a Hugging Face model directory (what save_pretrained writes)"
+
+
+def _is_draft_head(config_file: Path) -> bool:
+    """Whether a config.json is a draft head's, by what heads' configs hold and targets' never do: an EAGLE
+    architecture, a draft vocabulary, EAGLE-3's aux layer ids, a speculators section, or an EAGLE-1 head's one
+    layer with its fc ``bias`` flag."""
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False  # loading it says what is wrong
+    if not isinstance(config, dict):
+        return False
+    archs = [str(a).lower() for a in config.get("architectures") or []]
+    return (any("eagle" in a for a in archs) or "draft_vocab_size" in config or "eagle_config" in config
+            or "speculators_config" in config or ("bias" in config and config.get("num_hidden_layers") == 1))
 
 
 def check_prompt(prompt: str, flag: str = "--prompt") -> str | None:

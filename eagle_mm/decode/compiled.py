@@ -8,23 +8,32 @@ bytecode, guards and inductor's code) to be saved, and a second process loads it
 
 The files live under ``<TORCHINDUCTOR_CACHE_DIR>/eagle_mm`` (so the variable that moves inductor's cache moves them
 too). Torch cannot save guards on identities (which classes, functions and hooks were traced, ``ID_MATCH`` and the
-like), so they are left out of the saved guards and put in the file's key instead: the versions of Python, torch
-and transformers, a hash of this package's source, the classes and hooks of the owner's modules, its config, and
-the argument signature (tensor shapes, dtypes, devices and strides, plain values, and the public plain attributes of
-the other objects). The guards that are saved (shapes, config values read while tracing, global state) are still checked
-before each call; a step whose saved guards fail is compiled again.
+like), so they are left out of the saved guards and put in the file's key instead: the versions of Python, torch and
+transformers, a hash of this package's source, the classes, hooks and instance-replaced ``forward`` of the owner's
+modules, its config, and the argument signature (tensor shapes, dtypes, devices and strides, plain values, and the
+public plain attributes of the other objects). The guards that are saved (shapes, config values read while tracing,
+global state) are still checked before each call; a step whose saved guards fail is compiled again.
 
 A step that cannot be compiled this way (a graph break, a guard torch cannot save) is compiled by plain
 ``torch.compile``, in this process only, with a logged warning: the same kernels, only the trace is not kept.
+
+Loading a file unpickles it, which runs code, so a file is trusted only as far as whoever could write it. It is
+loaded only from a folder that this user (or root) owns and no one else can write, below folders of the same kind
+(or sticky ones, such as /tmp), as ssh checks its keys' folders; only if the file itself is such a file and not a
+link; and only if its header names the key it is looked up under and the checksum of its bytes. Otherwise the
+step is compiled again, with one warning saying why (an unsafe folder: compiled in this process and not saved).
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
 import hashlib
+import io
 import json
 import logging
 import os
+import re
+import stat
 import sys
 import tempfile
 import time
@@ -43,6 +52,7 @@ __all__ = ["DiskCompiled", "cache_folder"]
 _PLAIN = (bool, int, float, str, type(None))
 _MAX_ENTRIES = 8  # compilations kept per argument signature, like dynamo's own recompile limit
 _SOURCE: str | None = None
+_MAGIC = b"eagle_mm compiled step\n"  # then a JSON line (the key the file was saved under, its payload's sha256)
 
 
 def cache_folder() -> Path:
@@ -101,11 +111,13 @@ def _is_plain(v) -> bool:
 
 
 def _owner_facts(owner: torch.nn.Module) -> list:
-    """The classes and hooks of every module of the owner, and its config: guards on identities are not saved."""
+    """The classes, hooks and replaced ``forward`` of every module of the owner (and of the modules they hold
+    outside their submodules), and its config: guards on identities are not saved."""
     mods = []
     for name, m in owner.named_modules():
         hooks = [_name(h) for d in (m._forward_pre_hooks, m._forward_hooks) for h in d.values()]
-        mods.append([name, _name(type(m)), hooks, m.training])
+        held = [[k, _name(type(h)), _replaced_forward(h)] for k, h in _held_modules(m)]
+        mods.append([name, _name(type(m)), hooks, m.training, _replaced_forward(m), held])
     config = getattr(owner, "config", None)
     if hasattr(config, "to_json_string"):
         config = [config.to_json_string(use_diff=False), getattr(config, "_attn_implementation", None)]
@@ -114,13 +126,42 @@ def _owner_facts(owner: torch.nn.Module) -> list:
     return [mods, repr(config), hooks]
 
 
+def _replaced_forward(m: torch.nn.Module) -> str | None:
+    # a forward set on the instance (a kernel hub's ``kernelize``, a wrapper) is what the trace calls
+    forward = m.__dict__.get("forward")
+    return None if forward is None else _name(forward)
+
+
+def _held_modules(m: torch.nn.Module):
+    """Modules kept in a plain attribute or a dict attribute rather than registered (transformers 5.25 keeps its
+    per-layer kernel functions so): the trace runs them too."""
+    for key, value in m.__dict__.items():
+        if key == "_modules":
+            continue
+        for sub, x in (value.items() if isinstance(value, dict) else [("", value)]):
+            if isinstance(x, torch.nn.Module):
+                yield f"{key}{sub and '.' + str(sub)}", x
+
+
 def _savable(entries) -> list[bool]:
-    """dynamo's guard filter: keep every guard torch can save (the others are in the file's key). Guards on a
-    function's default values are left out too: torch 2.11 saves them but cannot load them back (its
-    ``DefaultsSource`` does not unpickle), and the defaults are our source's or the model's, both in the key."""
+    """dynamo's guard filter: keep every guard torch can save (the others are in the file's key). Left out too:
+    guards on a function's default values (torch 2.11 saves them but cannot load them back: its ``DefaultsSource``
+    does not unpickle; the defaults are our source's or the model's, both in the key), and guards on or through an
+    object whose class is defined inside a function or a class: torch cannot save a type check on it, and saves the
+    object itself as a bare ``nn.Module``, so guards through it fail to build at load. transformers 5.25's
+    kernel-replaceable functions (``apply_rotary_pos_emb``) are such objects; their classes come from transformers'
+    source, in the key, and a ``forward`` replaced on them is in ``_owner_facts``."""
     unsaved = torch._dynamo.guards.CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    local = [re.compile(re.escape(n) + r"(?!\w)")
+             for n in {e.name for e in entries if e.has_value and _local_class(e.value)}]
     return [not (e.guard_type in unsaved or any(d in unsaved for d in e.derived_guard_types)
-                 or _through_defaults(e.orig_guard.originating_source)) for e in entries]
+                 or _through_defaults(e.orig_guard.originating_source) or any(p.search(e.name) for p in local))
+            for e in entries]
+
+
+def _local_class(value) -> bool:
+    # torch's own test for a class it cannot name when saving (a nested class included)
+    return type(value).__qualname__ != type(value).__name__
 
 
 def _through_defaults(source) -> bool:
@@ -132,7 +173,7 @@ def _through_defaults(source) -> bool:
 
 
 def _write(path: Path, data: bytes) -> None:
-    # Atomic: another process may be reading the same key (torch 2.11's own writer is not).
+    # Atomic: another process may be reading the same key (torch 2.11's own writer is not). mkstemp: mode 0600.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -141,6 +182,84 @@ def _write(path: Path, data: bytes) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def _pack(key: str, payload: bytes) -> bytes:
+    head = json.dumps({"key": key, "sha256": hashlib.sha256(payload).hexdigest()}).encode()
+    return _MAGIC + head + b"\n" + payload
+
+
+def _unpack(data: bytes, key: str) -> bytes:
+    """The payload of a file ``_pack`` wrote for ``key``; a ValueError saying what is wrong with any other file,
+    before a byte of it is unpickled."""
+    if not data.startswith(_MAGIC):
+        raise ValueError("not a compiled step this library wrote")
+    head, _, payload = data[len(_MAGIC):].partition(b"\n")
+    try:
+        meta = json.loads(head)
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise ValueError("its header is damaged")
+    if meta.get("key") != key:
+        raise ValueError("it was saved for another step or call: its key differs from its name's")
+    if meta.get("sha256") != hashlib.sha256(payload).hexdigest():
+        raise ValueError("its bytes do not match their checksum: damaged or truncated")
+    return payload
+
+
+def _read_private(path: Path) -> bytes:
+    """The bytes of ``path``, not through a link, if it belongs to this user (or root) and no one else may write
+    it (checked on the opened file, so a file swapped in after a check is not read); OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        why = _not_private(os.fstat(f.fileno()), path)
+        if why is not None:
+            raise PermissionError(why)
+        return f.read()
+
+
+def _untrusted_folder(folder: Path) -> str | None:
+    """Why compiled steps must not be loaded from (or saved to) ``folder``; None if they may. As ssh checks the
+    folders of its keys: the folder and each one above it must belong to this user or root and be writable by no
+    one else, except that a folder above it may be writable by all if it is sticky, as /tmp is (others cannot
+    move or replace there what is not theirs). A folder not made yet is made private by this process."""
+    if os.name != "posix":
+        return None  # owners and modes are POSIX's; elsewhere the folder is the user's to choose
+    folder = Path(os.path.realpath(folder))
+    for p in (*reversed(folder.parents), folder):
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            return None
+        except OSError as e:  # no permission to look: nothing below can be vouched for
+            return f"{p} cannot be examined ({e.strerror})"
+        why = _not_private(st, p, sticky_ok=p != folder)
+        if why is not None:
+            return why
+    return None
+
+
+def _not_private(st: os.stat_result, path: Path, sticky_ok: bool = False) -> str | None:
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"{path} belongs to another user (uid {st.st_uid})"
+    others = stat.S_IWOTH | (0 if _own_group(st.st_gid) else stat.S_IWGRP)
+    if st.st_mode & others and not (sticky_ok and st.st_mode & stat.S_ISVTX):
+        return f"{path} is writable by other users ({stat.filemode(st.st_mode)})"
+    return None
+
+
+def _own_group(gid: int) -> bool:
+    """Whether ``gid`` is this user's own group, of no other member (Debian's user private groups, whose umask
+    002 makes every new folder group-writable)."""
+    import grp
+    import pwd
+
+    try:
+        group, user = grp.getgrgid(gid), pwd.getpwuid(os.geteuid())
+    except KeyError:
+        return False
+    return gid == user.pw_gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
 
 
 class DiskCompiled:
@@ -155,6 +274,7 @@ class DiskCompiled:
         self._seen: OrderedDict = OrderedDict()  # Signature key -> (function whose guards passed, its weak refs)
         self._plain = None  # fn itself or torch.compile(fn), once this step is found not to compile ahead of time
         self._plain_ran = False
+        self._refused = False  # whether the cache folder was last found unsafe (warned once)
         self.setup, self.loaded, self.compiled = 0.0, 0, 0
 
     def __call__(self, *args):
@@ -182,12 +302,14 @@ class DiskCompiled:
                 return fn
         t0 = time.perf_counter()
         try:
-            path = self._path(sig, args)
-        except Exception as e:  # a config that does not print, say: no file name for it
-            self._in_process_only(f"no key for its file: {_first_line(e)}")
+            key = self._key(sig, args)
+            path = cache_folder() / f"{self.fn.__name__}-{key[:32]}.bin"
+        except Exception as e:  # a config that does not print, a cache folder that cannot be made: no file for it
+            self._in_process_only(f"no file for it: {_first_line(e)}")
             return None
+        kept = self._trusted(path.parent)
         try:
-            fn = self._load(path, args) or self._compile(path, args)
+            fn = (self._load(path, key, args) if kept else None) or self._compile(path if kept else None, key, args)
         except torch._dynamo.exc.BackendCompilerFailed as e:
             self._uncompiled(e)
         finally:
@@ -221,32 +343,49 @@ class DiskCompiled:
                        "process traces it again", self.what, why)
         self._plain = torch.compile(self.fn, dynamic=False, mode=self.mode)
 
-    def _path(self, sig: str, args: tuple) -> Path:
+    def _key(self, sig: str, args: tuple) -> str:
         key = json.dumps([sys.version, torch.__version__, _transformers_version(), _source_hash(), self.mode,
                           _name(self.fn), _owner_facts(args[0]), sig, torch.is_grad_enabled(),
                           torch.get_default_dtype().__repr__()])
-        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
-        return cache_folder() / f"{self.fn.__name__}-{digest}.bin"
+        return hashlib.sha256(key.encode()).hexdigest()
 
-    def _load(self, path: Path, args: tuple):
-        if not path.exists():
+    def _trusted(self, folder: Path) -> bool:
+        """Whether compiled steps may be loaded from and saved to ``folder`` (see ``_untrusted_folder``); a warning
+        the first time this step finds they may not."""
+        why = _untrusted_folder(folder)
+        if why is not None and not self._refused:
+            logger.warning("the compiled %s is neither loaded from nor saved to %s: %s, and loading runs the code it "
+                           "finds; it is compiled in this process. Point TORCHINDUCTOR_CACHE_DIR at a folder only you "
+                           "can write (torch keeps its own compiled code there too)", self.what, folder, why)
+        self._refused = why is not None
+        return why is None
+
+    def _load(self, path: Path, key: str, args: tuple):
+        try:
+            payload = _unpack(_read_private(path), key)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:  # another user's file, a link, another step's file, a damaged file
+            logger.warning("the compiled %s in %s is not loaded (%s); compiling it again", self.what, path,
+                           _first_line(e))
             return None
         try:
-            with open(path, "rb") as f:
-                fn = torch.compiler.load_compiled_function(f, f_globals=self.fn.__globals__)
-        except Exception as e:  # a file from another build of torch, a truncated file...
+            fn = torch.compiler.load_compiled_function(io.BytesIO(payload), f_globals=self.fn.__globals__)
+            fn.disable_guard_check()  # checked by _find, once per new set of argument objects
+            fits = fn.guard_check(*args)
+        except Exception as e:  # a file from another build of torch, guards written for other arguments...
             logger.warning("loading the compiled %s from %s failed (%s); compiling it again", self.what, path,
                            _first_line(e))
             return None
-        fn.disable_guard_check()  # checked by _find, once per new set of argument objects
-        if not fn.guard_check(*args):
+        if not fits:
             logger.info("the compiled %s in %s does not fit this call; compiling it again", self.what, path)
             return None
         self.loaded += 1
         logger.debug("loaded the compiled %s from %s", self.what, path)
         return fn
 
-    def _compile(self, path: Path, args: tuple):
+    def _compile(self, path: Path | None, key: str, args: tuple):
+        """Compiled ahead of time and saved to ``path`` (None: not saved), or None with ``_plain`` set."""
         options = {**torch._inductor.list_mode_options(self.mode), "guard_filter_fn": _savable}
         try:  # torch 2.11 offers aot_compile only when asked (2.13 by default)
             with torch._dynamo.config.patch(enable_aot_compile=True):
@@ -258,9 +397,11 @@ class DiskCompiled:
             return None
         fn.disable_guard_check()
         self.compiled += 1
+        if path is None:
+            return fn
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _write(path, type(fn).serialize(fn).serialized_data)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _write(path, _pack(key, type(fn).serialize(fn).serialized_data))
         except Exception as e:
             logger.warning("saving the compiled %s to %s failed (%s); a new process compiles it again", self.what,
                            path, _first_line(e))

@@ -23,8 +23,9 @@ from ..config import TreeConfig, bound_tree
 from ..target.generation import pad_token_id
 from ..target.multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
     verify_positions
-from ..target.parts import resolve_target
 from ..target.features import FeatureCapture
+from ..target.parts import resolve_target
+from ..target.streamer import generate_streamer
 from .accept import accept
 from .decoder import Decoder, decoder
 from .draft import DraftSampler, head_entries
@@ -89,13 +90,11 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
                     eagle_cache_implementation=None, eagle_compile=None, **model_kwargs):
     """The speculative loop in the signature of transformers' ``custom_generate`` callables.
 
-    ``model.generate(..., custom_generate=eagle_mm.custom_generate, head=head)`` runs it. transformers
-    does not pass ``streamer`` to such callables: stream with ``eagle_streamer=`` on that route, and choose how the
-    steps run with ``eagle_cache_implementation=`` / ``eagle_compile=`` (see ``speculative_generate``).
+    ``model.generate(..., custom_generate=eagle_mm.custom_generate, head=head)`` runs it, ``streamer=`` included
+    (transformers does not pass it to such callables; ``target.streamer`` reads it from ``generate``), and chooses
+    how the steps run with ``eagle_cache_implementation=`` / ``eagle_compile=`` (see ``speculative_generate``).
     """
-    if eagle_streamer is not None:
-        streamer = eagle_streamer
-        streamer.put(input_ids.cpu())
+    streamer = _streamer(model, eagle_streamer, input_ids)
     if head is None:
         raise ValueError("custom_generate needs a draft head: model.generate(..., custom_generate=..., head=head)")
     if synced_gpus:
@@ -141,7 +140,23 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     sequences = _assemble(input_ids, state.generated, pad_token_id(gen))
     if not gen.return_dict_in_generate:
         return sequences
-    return SpeculativeOutput(sequences, stats, _per_step(state.logits), _per_step(state.scores))
+    return SpeculativeOutput(sequences=sequences, stats=stats, logits=_per_step(state.logits),
+                             scores=_per_step(state.scores))
+
+
+def _streamer(model, eagle_streamer, input_ids: torch.Tensor):
+    """The call's streamer: ``speculative_generate``'s (``eagle_streamer``, sent the prompt here) or the one given to
+    ``model.generate`` (which sent it the prompt itself). A streamer shows one sequence: a batch is refused."""
+    given = generate_streamer(model)
+    if given is not None and eagle_streamer is not None:
+        raise ValueError("both streamer= and eagle_streamer= were given; pass one streamer (streamer=)")
+    streamer = given if given is not None else eagle_streamer
+    if streamer is not None and input_ids.shape[0] > 1:
+        raise ValueError(f"streamer= shows one sequence, but this call decodes {input_ids.shape[0]} rows (prompts "
+                         f"times num_return_sequences); stream one prompt per call, or drop streamer=")
+    if eagle_streamer is not None:
+        eagle_streamer.put(input_ids.cpu())
+    return streamer
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 import torch
+from transformers.generation import GenerateDecoderOnlyOutput
 
 from ..config import TreeConfig
 
@@ -95,10 +96,17 @@ class SpeculativeStats:
 
 
 @dataclass
-class SpeculativeOutput:
-    sequences: torch.Tensor  # (B, L + generated), padded like generate()'s
-    stats: SpeculativeStats
-    # With output_logits / output_scores, as generate() returns them: one (B, V) tensor per new token position,
-    # the target's raw logits / processed scores that chose it (a row that has finished repeats its last row).
-    logits: tuple | None = None
-    scores: tuple | None = None
+class SpeculativeOutput(GenerateDecoderOnlyOutput):
+    """What ``speculative_generate`` returns with ``return_dict_in_generate=True``: ``generate``'s own output class
+    (``GenerateDecoderOnlyOutput``: ``out.sequences``, ``out["sequences"]``, ``out[0]``, ``to_tuple()``) plus
+    ``stats``, the call's ``SpeculativeStats``.
+
+    ``sequences``: (B, L + generated), padded like generate()'s. With ``output_logits`` / ``output_scores``,
+    ``logits`` / ``scores`` are as generate() returns them: one (B, V) tensor per new token position, the target's
+    raw logits / processed scores that chose it (a row that has finished repeats its last row). The cache
+    (``cache``; ``past_key_values`` in older transformers) is None: the loop's cache holds draft-tree
+    slots that a later ``generate`` call could not continue from. ``attentions`` and ``hidden_states`` are None
+    (``output_attentions`` / ``output_hidden_states`` are refused).
+    """
+
+    stats: SpeculativeStats | None = None

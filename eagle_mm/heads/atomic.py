@@ -7,11 +7,16 @@ the block ends without an error, the old directory's other entries (those not wr
 at ``path``, never a mix. Where the kernel or file system lacks the exchange, two renames do it (old aside, new
 in) and, between them, ``path`` briefly does not exist. An error inside the block removes ``stage`` and leaves
 ``path`` as it was.
+
+``file_sha256`` is the checksum this library records for the files it writes (a head's weights in its
+``config.json``, every file of a training checkpoint in its ``trainer_state.json``) and checks when it reads them:
+safetensors and torch files carry none, so a flipped byte inside a tensor would otherwise load without a word.
 """
 from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import logging
 import os
 import shutil
@@ -22,12 +27,40 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-__all__ = ["atomic_dir"]
+__all__ = ["atomic_dir", "file_sha256", "check_sha256"]
 
 logger = logging.getLogger(__name__)
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
+_CHUNK = 8 << 20
+
+
+def file_sha256(path) -> str:
+    """The sha256 of a file's bytes, read once in 8 MiB chunks (hashlib runs without the GIL on them)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_sha256(files: dict[str, Path], recorded, where: Path, fix: str) -> None:
+    """ValueError naming the first of ``files`` (name -> path) that ``where`` does not record, that is missing, or
+    whose bytes are not those whose sha256 it recorded when this library wrote them; ``fix``: what to do then."""
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{where}: the sha256 record must map file names to digests, got {recorded!r}; {fix}")
+    for name, path in files.items():
+        want = recorded.get(name)
+        if want is None:
+            raise ValueError(f"{path} is not among the files {where} records ({sorted(recorded)}): it was not "
+                             f"written with it; {fix}")
+        if not path.is_file():
+            raise ValueError(f"{path} is missing, though {where} records it; {fix}")
+        got = file_sha256(path)
+        if got != want:
+            raise ValueError(f"{path} is damaged: its bytes changed after it was written (sha256 {got[:16]}..., "
+                             f"{where} records {str(want)[:16]}...); {fix}")
 
 
 @contextmanager

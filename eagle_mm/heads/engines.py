@@ -14,23 +14,25 @@ import json
 import logging
 import shlex
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from ..target.parts import execution_device
 from ..config import Eagle3Config, EagleConfig, TreeConfig
+from .aux_ids import aux_from_engine, aux_notes, check_aux, engine_ids, engine_of, export_aux, sglang_rule
 from .base import DraftHead, Layout, get_layout, head_class, register_layout
 from .atomic import atomic_dir
 from .io import head_files, load_head, save_head
 
-__all__ = ["LAYOUTS", "export_head", "load_exported", "detect_layout", "serving_command"]
+__all__ = ["LAYOUTS", "export_head", "load_exported", "detect_layout", "serving_command", "export_notes"]
 
 logger = logging.getLogger(__name__)
 
 LAYOUTS = ("eagle", "vllm", "sglang")
 MARKER = "eagle_mm_export"
-_FORMAT = 1
+_FORMAT = 2  # 2: an sglang layout's ids may follow either SGLang rule; the record names our aux layers
 _CONFIG = "config.json"
 _WEIGHTS = "model.safetensors"
 
@@ -44,34 +46,36 @@ _ARCH = {
     ("sglang", "eagle"): "LlamaForCausalLMEagle",
     ("sglang", "eagle3"): "LlamaForCausalLMEagle3",
 }
-# Engine aux-layer id = HF hidden_states index + offset. vLLM captures the input of decoder layer `id`
-# (= hidden_states[id]); SGLang adds 1 to every configured id before capturing the same way.
-_AUX_OFFSET = {"eagle": 0, "vllm": 0, "sglang": -1}
+# How each engine reads the aux-layer ids, and the ids written for it: heads/aux_ids.py.
 _VLLM_AUX_KEY = "eagle_aux_hidden_state_layer_ids"  # vLLM reads it top-level; SGLang inside eagle_config
 _LAYER_PREFIX = {"eagle": "layers.0.", "eagle3": "midlayer."}
 _METHOD = {"vllm": {"eagle": "eagle", "eagle3": "eagle3"}, "sglang": {"eagle": "EAGLE", "eagle3": "EAGLE3"}}
 
 
 # ---- export ----------------------------------------------------------------------------------------
-def export_head(head: DraftHead, path, layout: str = "eagle", *, target_config=None) -> Path:
+def export_head(head: DraftHead, path, layout: str = "eagle", *, target_config=None, engine_version=None) -> Path:
     """Write ``head`` to ``path`` (config.json + model.safetensors) in the layout an engine loads.
 
     target_config: the target's HF config (a VLM's text config is found); it checks the head's sizes,
     that every aux layer is one the engine can capture, and raises ``max_position_embeddings`` to the
-    target's. Taken from the attached target when omitted. Returns the directory.
+    target's. Taken from the attached target when omitted. engine_version: the vLLM (vllm, speculators
+    layouts) or SGLang (sglang layout) release to serve with, e.g. "0.17.1"; refuses what that release
+    cannot capture. None: the newest conventions (docs/serving.md). Returns the directory.
     """
+    if engine_version is not None:
+        engine_of(layout)  # the eagle layout has no engine release
     if layout not in LAYOUTS:  # another registered layout (speculators); unknown names raise there
-        return get_layout(layout).write(head, path, target_config=target_config)
+        return get_layout(layout).write(head, path, target_config=target_config, engine_version=engine_version)
     if not isinstance(head, DraftHead):
         raise TypeError(f"export_head needs an EagleHead or Eagle3Head, got {type(head).__name__}")
     root = Path(path)
     if root.exists() and not root.is_dir():
         raise ValueError(f"output {str(root)!r} is a file; expected a directory (it is created if missing)")
-    num_layers, max_positions = _target_facts(head, target_config)
+    target = _target_facts(head, target_config)
     extra, changes, marker = {}, {}, {"layout": layout, "format": _FORMAT}
     if layout != "eagle":
         # Everything is checked before a byte is written.
-        extra, changes, marker = _engine_changes(head, layout, num_layers, max_positions)
+        extra, changes, marker = _engine_changes(head, layout, target, engine_version)
     with atomic_dir(root, replaces=head_files) as stage:  # readers see the old head or the new one, never a mix
         save_head(head, stage)
         if extra:
@@ -86,7 +90,7 @@ def export_head(head: DraftHead, path, layout: str = "eagle", *, target_config=N
     return root
 
 
-def _engine_changes(head: DraftHead, layout: str, num_layers, max_positions):
+def _engine_changes(head: DraftHead, layout: str, target: "_Target", engine_version):
     """(zero tensors to add, config fields to set, marker) turning the official files into ``layout``."""
     cfg, kind = head.config, head.kind
     if cfg.hidden_act != "silu":
@@ -122,21 +126,22 @@ def _engine_changes(head: DraftHead, layout: str, num_layers, max_positions):
                 f"SGLang shares the target's embedding only when target_hidden_size == hidden_size "
                 f"({cfg.target_hidden_size} != {cfg.hidden_size}), and this head ships no embedding"
             )
-        aux = cfg.aux_layers
-        if aux is None and num_layers is not None and 4 <= num_layers <= 6:
-            # The engines' own default, the official (2, N//2, N-3), collides there; ours does not.
-            aux = Eagle3Config.default_aux_layers(num_layers)
+        aux = export_aux(cfg, target.num_layers)
         if aux is not None:
-            _check_capturable(aux, num_layers, layout)
-            ids = [i + _AUX_OFFSET[layout] for i in aux]
+            check_aux(aux, layout, num_layers=target.num_layers, engine_version=engine_version)
+            rule = sglang_rule(architectures=target.architectures, model_type=target.model_type,
+                               engine_version=engine_version)
+            ids = engine_ids(aux, layout, rule=rule)
             if layout == "vllm":
                 changes[_VLLM_AUX_KEY] = ids
             else:
                 changes["eagle_config"] = {_VLLM_AUX_KEY: ids, "use_aux_hidden_state": True}
     marker = {"layout": layout, "format": _FORMAT, "zero_padded": sorted(extra)}
-    if max_positions and max_positions > cfg.max_position_embeddings:
+    if kind == "eagle3":  # the ids may follow either SGLang rule, or be a default: read back from here
+        marker["aux_layers"] = list(cfg.aux_layers) if cfg.aux_layers is not None else None
+    if target.max_positions and target.max_positions > cfg.max_position_embeddings:
         # Engines size the draft's rotary cache from this field; older releases index past it.
-        changes["max_position_embeddings"] = max_positions
+        changes["max_position_embeddings"] = target.max_positions
         marker["restore"] = {"max_position_embeddings": cfg.max_position_embeddings}
     return extra, changes, marker
 
@@ -154,47 +159,48 @@ def _check_variants(cfg: Eagle3Config, layout: str) -> None:
         )
 
 
-def _check_capturable(aux, num_layers, layout: str) -> None:
-    if len(set(aux)) != len(aux):
-        raise ValueError(
-            f"aux layers {tuple(aux)} name a hidden state twice: {layout} captures each layer once, so its fc "
-            f"would get fewer features than it was trained on; use three distinct indices, e.g. "
-            f"{Eagle3Config.default_aux_layers(num_layers) if num_layers and num_layers >= 4 else '(1, 2, 3)'}"
-        )
-    # Both engines record `hidden_states + residual` at the input of a decoder layer: index 0 (the
-    # embeddings, residual still None) and index N (after the last layer) are never recorded.
-    low = [i for i in aux if i < 1]
-    if low:
-        raise ValueError(
-            f"aux layer(s) {low} = hidden_states[0] (the input embeddings): {layout} records only the inputs "
-            f"of decoder layers 1..N-1; retrain with aux_layers >= 1"
-        )
-    if num_layers is not None:
-        high = [i for i in aux if i > num_layers - 1]
-        if high:
-            raise ValueError(
-                f"aux layer(s) {high} out of range for {layout}: the target has {num_layers} layers and "
-                f"the engine records hidden_states indices 1..{num_layers - 1}"
-            )
+class _Target(NamedTuple):
+    """What an export needs to know of the target; None where it is unknown."""
+
+    num_layers: int | None = None
+    max_positions: int | None = None
+    architectures: tuple[str, ...] = ()
+    model_type: str | None = None
 
 
-def _target_facts(head: DraftHead, target_config):
-    """(number of target layers, target max positions), checking sizes; (None, None) when unknown."""
+def _target_facts(head: DraftHead, target_config) -> _Target:
+    """The target's facts, checking the head's sizes against it; all unknown without a target."""
     if target_config is None:
         try:
-            text = head.target_parts.text_config
+            parts = head.target_parts
         except RuntimeError:
-            return None, None
+            return _Target()
+        text, outer = parts.text_config, None
+        model_type = parts.model_type
     else:
         get_text = getattr(target_config, "get_text_config", None)
-        text = get_text() if callable(get_text) else target_config
+        text, outer = (get_text() if callable(get_text) else target_config), target_config
+        model_type = getattr(target_config, "model_type", None)
     cfg = head.config
     width = cfg.target_hidden_size if isinstance(cfg, Eagle3Config) else cfg.hidden_size
     for name, ours, theirs in (("hidden size", width, getattr(text, "hidden_size", None)),
                                ("vocab_size", cfg.vocab_size, getattr(text, "vocab_size", None))):
         if theirs is not None and ours != theirs:
             raise ValueError(f"head {name} {ours} does not match the target's {theirs}: this head is for another target")
-    return getattr(text, "num_hidden_layers", None), getattr(text, "max_position_embeddings", None)
+    architectures = tuple(getattr(outer if outer is not None else text, "architectures", None) or ())
+    return _Target(getattr(text, "num_hidden_layers", None), getattr(text, "max_position_embeddings", None),
+                   architectures, model_type)
+
+
+def export_notes(head: DraftHead, layout: str, *, target_config=None, engine_version=None) -> list[str]:
+    """What exporting ``head`` to ``layout`` could not check, or what it needs of the engine's release: one
+    sentence each, empty when nothing (the eagle layout and EAGLE-1/2 heads have no aux layers)."""
+    if layout not in ("vllm", "sglang", "speculators") or not isinstance(head.config, Eagle3Config):
+        return []
+    target = _target_facts(head, target_config)
+    known = bool(target.architectures) or target.model_type is not None
+    return aux_notes(export_aux(head.config, target.num_layers), layout, num_layers=target.num_layers,
+                     engine_version=engine_version, rule_known=known)
 
 
 # ---- load back ------------------------------------------------------------------------------------
@@ -281,8 +287,11 @@ def _from_engine(raw: dict, state: dict, layout: str, kind: str, root: Path):
             logger.warning("%s: vLLM reads top-level %s=%s and ignores eagle_config's %s", root, _VLLM_AUX_KEY, ids, nested)
     else:
         ids = eagle_config.get(_VLLM_AUX_KEY)
-    if ids is not None:
-        config["eagle_config"] = {_VLLM_AUX_KEY: [int(i) - _AUX_OFFSET[layout] for i in ids]}
+    if "aux_layers" in marker:  # ours: the ids may follow either SGLang rule, or be a default we wrote
+        if marker["aux_layers"] is not None:
+            config["eagle_config"] = {_VLLM_AUX_KEY: list(marker["aux_layers"])}
+    elif ids is not None:
+        config["eagle_config"] = {_VLLM_AUX_KEY: list(aux_from_engine(ids, layout))}
     return config, state
 
 

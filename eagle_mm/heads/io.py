@@ -6,6 +6,10 @@ On disk a head is what the official EAGLE / EAGLE-3 releases ship (and vLLM and 
 the official key names. Loading also accepts sharded safetensors and ``pytorch_model.bin``, and skips
 what official files carry but the head never owns: ``embed_tokens.weight`` (the target's embedding is
 used) and rotary ``inv_freq`` (recomputed from ``rope_theta``).
+
+A head this library saves records the sha256 of its weight file in ``config.json`` (``eagle_mm_weights_sha256``),
+and loading checks it: safetensors has no checksum, so a flipped byte in a tensor would load without a word. Heads
+from elsewhere have no such field and load as before.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from torch import nn
 
 from ..target.parts import execution_device, resolve_target
 from ..config import Eagle3Config, EagleConfig
-from .atomic import atomic_dir
+from .atomic import atomic_dir, check_sha256, file_sha256
 from .base import DraftHead, Layout, claiming_layout, head_class, register_layout
 from .validate import check_head_files
 
@@ -34,6 +38,7 @@ SAFETENSORS_NAME = "model.safetensors"
 SAFETENSORS_INDEX_NAME = "model.safetensors.index.json"
 TORCH_NAME = "pytorch_model.bin"
 TORCH_INDEX_NAME = "pytorch_model.bin.index.json"
+SHA256_KEY = "eagle_mm_weights_sha256"  # in config.json: weight file name -> sha256 of its bytes, as saved
 
 # Official heads say "llama" even for Qwen targets; EAGLE-1 heads of other families keep the target's
 # model_type. All of these describe the one Llama-style decoder layer our heads build.
@@ -56,7 +61,6 @@ def save_head(head: DraftHead, path, *, safe_serialization: bool = True) -> None
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
 
     name = SAFETENSORS_NAME if safe_serialization else TORCH_NAME
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
     # The whole head is written beside the old one and swapped in: a reader never sees new weights under an old
     # config.json, and a failed save leaves the old head as it was.
     with atomic_dir(root, replaces=head_files) as stage:
@@ -64,6 +68,8 @@ def save_head(head: DraftHead, path, *, safe_serialization: bool = True) -> None
             save_file(state, stage / name, metadata={"format": "pt"})
         else:
             torch.save(state, stage / name)
+        config[SHA256_KEY] = {name: file_sha256(stage / name)}
+        text = json.dumps(config, indent=2, sort_keys=True) + "\n"
         (stage / CONFIG_NAME).write_text(text, encoding="utf-8")
     logger.info("saved %s (%d tensors, %s) to %s", type(head).__name__, len(state), config["torch_dtype"], root)
 
@@ -190,6 +196,9 @@ def load_head(
         raise FileNotFoundError(
             f"no weights in {root}: expected {SAFETENSORS_NAME}, {SAFETENSORS_INDEX_NAME} or {TORCH_NAME}"
         )
+    if SHA256_KEY in raw:  # saved by this library; a head from elsewhere has no record
+        check_sha256({f.name: f for f in files}, raw[SHA256_KEY], root / CONFIG_NAME,
+                     f"copy or save the head again (to load it as it is, delete {SHA256_KEY!r} from its config.json)")
     state = _read_weights(files)
     config = _config_from_dict(raw, set(state), root)
     return build_head(config, state, root, target=target, dtype=dtype, device=device, strict=strict)

@@ -3,7 +3,8 @@
 What the ``speculators`` package (0.9.0) writes, e.g. with ``speculators convert``, and vLLM serves directly:
 config.json holds ``speculators_model_type`` ("eagle3", or "eagle" for EAGLE-1/HASS), the decoder layer's
 own config nested in ``transformer_layer_config``, the EAGLE-3 variant flags, the target's aux layer ids
-(``eagle_aux_hidden_state_layer_ids``, HF ``hidden_states`` indices like ours) and a ``speculators_config``
+(``eagle_aux_hidden_state_layer_ids``: vLLM's ids, which are HF ``hidden_states`` indices like ours for 0..N-1,
+see aux_ids.py) and a ``speculators_config``
 naming the verifier. Weights keep the official names except the layer: ``layers.0.*`` for EAGLE-3's
 ``midlayer.*``; EAGLE-1 uses ``fusion_fc.*`` for ``fc.*`` and ``transformer.*`` for ``layers.0.*``.
 """
@@ -18,6 +19,7 @@ from safetensors.torch import save_file
 
 from ..config import Eagle3Config, EagleConfig
 from .atomic import atomic_dir
+from .aux_ids import check_aux, engine_of, export_aux
 from .base import DraftHead, Layout, register_layout
 from .io import (
     CONFIG_NAME, SAFETENSORS_NAME, _check_dir, head_files, _LLAMA_LIKE, _read_config_dict, _read_weights,
@@ -37,20 +39,23 @@ _EAGLE1_NORMS = ("embedding_layernorm.weight", "pre_lm_head_layernorm.weight", "
 
 
 # ---- write ---------------------------------------------------------------------------------------
-def save_speculators(head: DraftHead, path, *, target_config=None) -> Path:
+def save_speculators(head: DraftHead, path, *, target_config=None, engine_version=None) -> Path:
     """Write ``head`` in the speculators format (config.json + model.safetensors); returns the directory.
 
-    target_config: the target's HF config; names the verifier and raises ``max_position_embeddings`` to the
-    target's, as ``speculators convert`` does. The attached target's (text) config when omitted.
+    target_config: the target's HF config; names the verifier, checks the aux layers against its layer count
+    and raises ``max_position_embeddings`` to the target's, as ``speculators convert`` does. The attached
+    target's (text) config when omitted. engine_version: the vLLM release to serve with (None: the newest).
     """
     if not isinstance(head, DraftHead):
         raise TypeError(f"save_speculators needs an EagleHead or Eagle3Head, got {type(head).__name__}")
     root = Path(path)
     if root.exists() and not root.is_dir():
         raise ValueError(f"output {str(root)!r} is a file; expected a directory (it is created if missing)")
+    if engine_version is not None:
+        engine_of("speculators")
     if target_config is None and head._target is not None:
         target_config = head._target.text_config
-    config = _config_dict(head, target_config)
+    config = _config_dict(head, target_config, engine_version)
     state = {_rename(k, head.kind, to_theirs=True): v.detach().to("cpu").contiguous()
              for k, v in head.state_dict().items()}
     with atomic_dir(root, replaces=head_files) as stage:  # the old head or the new one, never a mix
@@ -60,7 +65,7 @@ def save_speculators(head: DraftHead, path, *, target_config=None) -> Path:
     return root
 
 
-def _config_dict(head: DraftHead, target_config) -> dict:
+def _config_dict(head: DraftHead, target_config, engine_version=None) -> dict:
     cfg, kind = head.config, head.kind
     layer = cfg.to_dict()
     for key in ("architectures", "bias", "draft_vocab_size", "target_hidden_size", "eagle_config",
@@ -89,23 +94,19 @@ def _config_dict(head: DraftHead, target_config) -> dict:
     if kind == "eagle":
         out.update(transformer_layer_architecture="LlamaDecoderLayer", layernorms=False, fusion_bias=cfg.bias)
         return out
-    aux = _aux_ids(cfg, getattr(text, "num_hidden_layers", None))
+    aux = _aux_ids(cfg, getattr(text, "num_hidden_layers", None), engine_version)
     out.update(draft_vocab_size=cfg.draft_vocab_size, target_hidden_size=cfg.target_hidden_size,
                eagle_aux_hidden_state_layer_ids=list(aux) if aux is not None else None,
                embed_requires_grad=False, **{name: getattr(cfg, name) for name in Eagle3Config.VARIANTS})
     return out
 
 
-def _aux_ids(cfg: Eagle3Config, num_layers: int | None):
-    """The ids to write: the head's own, or for a 4-6 layer target our default (the format's own default,
-    the official (2, N//2, N-3), collides there)."""
-    aux = cfg.aux_layers
-    if aux is None and num_layers is not None and 4 <= num_layers <= 6:
-        aux = Eagle3Config.default_aux_layers(num_layers)
-    if aux is not None and len(set(aux)) != len(aux):
-        raise ValueError(f"aux layers {tuple(aux)} name a hidden state twice; the speculators format (and vLLM's "
-                         f"capture) needs three distinct indices, e.g. "
-                         f"{Eagle3Config.default_aux_layers(num_layers) if num_layers and num_layers >= 4 else (1, 2, 3)}")
+def _aux_ids(cfg: Eagle3Config, num_layers: int | None, engine_version=None):
+    """The ids to write, checked against what vLLM captures: the head's own, or for a 4-6 layer target our
+    default (the format's own default, the official (2, N//2, N-3), collides there)."""
+    aux = export_aux(cfg, num_layers)
+    if aux is not None:
+        check_aux(aux, "speculators", num_layers=num_layers, engine_version=engine_version)
     return aux
 
 

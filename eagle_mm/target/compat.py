@@ -1,4 +1,4 @@
-"""Differences between the supported transformers releases (5.17 ... newest), in one place."""
+"""Differences between the supported transformers releases (the range in setup.cfg), in one place."""
 from __future__ import annotations
 
 import functools

@@ -6,6 +6,9 @@ completed with ``train_config.json``, the head in its ``from_pretrained`` layout
 hold ``trainer_state.json``, so a crash mid-write leaves the previous checkpoints as they were. A checkpoint whose
 files cannot be read (truncated by a full disk, say) is named at resume: ``resume="auto"`` falls back to the latest
 readable one, an explicit ``resume`` path stops with the file's name, both before anything is written.
+``trainer_state.json`` also records the sha256 of every other file of the checkpoint, checked at resume in the same
+way, so that bytes changed after the write (a failing disk, a partial copy) are named rather than resumed from;
+checkpoints written before this record resume as before.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from typing import Callable
 
 from safetensors import safe_open
 
+from ..heads.atomic import check_sha256, file_sha256
 from .config import TrainConfig
 
 __all__ = ["CHECKPOINTS", "STATE_NAME", "CONFIG_NAME", "list_checkpoints", "resolve_resume", "check_resumable",
@@ -83,13 +87,21 @@ def _latest_readable(existing: list[tuple[int, Path]]) -> Path:
 
 def check_readable(path: Path) -> None:
     """ValueError naming the first file of checkpoint ``path`` that is truncated or corrupt (read from the files'
-    indexes: safetensors headers, the zip directories of torch files, JSON)."""
+    indexes: safetensors headers, the zip directories of torch files, JSON), then the first whose bytes differ
+    from the sha256 its ``trainer_state.json`` recorded (one read of every file)."""
     for file in sorted(p for p in Path(path).rglob("*") if p.is_file()):
         try:
             _probe(file)
         except Exception as e:  # each format's reader raises its own types; all mean "cannot be read"
             raise ValueError(f"checkpoint {path} cannot be resumed: {file} is unreadable ({type(e).__name__}: "
                              f"{e})") from e
+    recorded = json.loads((Path(path) / STATE_NAME).read_text(encoding="utf-8")).get("sha256")
+    if recorded is not None:  # written before checkpoints recorded their checksums: nothing to compare
+        try:
+            check_sha256({name: Path(path) / name for name in recorded}, recorded, Path(path) / STATE_NAME,
+                         "resume from an earlier checkpoint")
+        except ValueError as e:
+            raise ValueError(f"checkpoint {path} cannot be resumed: {e}") from e
 
 
 def _probe(file: Path) -> None:
@@ -141,17 +153,30 @@ def save_checkpoint(accelerator, output_dir, step: int, config: TrainConfig, wri
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))  # model, optimizer, registered objects, every process's RNG states
-    write_extra(tmp)
-    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(str(tmp))  # model, optimizer, registered objects, every process's RNG states
+        write_extra(tmp)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            config.save(tmp / CONFIG_NAME)
+            write_state(tmp, {"step": step, "num_processes": accelerator.num_processes, "format": 1,
+                              "sha256": _checksums(tmp)})
+            _replace_dir(tmp, final)
+    except BaseException:
+        if accelerator.is_main_process:  # the half-written checkpoint is not one; its space comes back (a full disk)
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if accelerator.is_main_process:
-        config.save(tmp / CONFIG_NAME)
-        write_state(tmp, {"step": step, "num_processes": accelerator.num_processes, "format": 1})
-        _replace_dir(tmp, final)
         _prune(root, keep)
         logger.info("checkpoint %s written", final)
     accelerator.wait_for_everyone()
     return final
+
+
+def _checksums(root: Path) -> dict[str, str]:
+    """Every file under ``root`` but the trainer state (which holds this record) -> its sha256."""
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != STATE_NAME)
+    return {p.relative_to(root).as_posix(): file_sha256(p) for p in files}
 
 
 def _replace_dir(src: Path, dest: Path) -> None:

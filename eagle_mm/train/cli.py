@@ -91,7 +91,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     missing = [n for n in ("target", "output_dir") if n not in values]
     if missing:
         raise ValueError(f"missing required option(s): {', '.join('--' + m.replace('_', '-') for m in missing)}")
-    problem = check_model_dir(values["target"], "--target")
+    problem = check_model_dir(values["target"], "--target", "--init-head")
     if problem:
         raise ValueError(problem)
     out = values["output_dir"]
@@ -142,7 +142,7 @@ def run_train(args: argparse.Namespace) -> int:
         from .loop import train
 
         result = train(config)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # bad options or data, a missing file, a full disk: one line
         print(f"eagle-mm train: error: {e}", file=sys.stderr)
         return 2
     if result.mean_accept_length is not None:

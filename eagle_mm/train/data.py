@@ -50,8 +50,13 @@ def read_rows(path, *, images: bool = False) -> list[tuple[int, dict]]:
     if not path.is_file():
         raise FileNotFoundError(f"training data file {str(path)!r} does not exist")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with path.open("rb") as f:  # bytes: a line that is not UTF-8 is named, not the file's decoder position
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path} row {lineno}: not valid UTF-8 (byte {raw[e.start:e.end]!r} at column "
+                                 f"{e.start + 1}); save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:

@@ -1,6 +1,8 @@
 """The end-of-training check: mean acceptance length of a head on held-out prompts, through the real decoder."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..target.parts import execution_device
@@ -8,7 +10,7 @@ from ..config import TreeConfig
 from ..decode.loop import speculative_generate
 from .data import PER_TOKEN_INPUTS
 
-__all__ = ["eval_prompts", "mean_accept_length"]
+__all__ = ["eval_prompts", "evaluate", "mean_accept_length"]
 
 _MAX_TEXT_PROMPT = 64
 
@@ -34,17 +36,30 @@ def eval_prompts(examples, limit: int) -> list:
 
 
 @torch.no_grad()
-def mean_accept_length(model, head, prompts, *, max_new_tokens: int, tree: TreeConfig | None = None) -> float:
-    """Tokens per target forward over all prompts (``SpeculativeStats.mean_accept_length``, draft-weighted), with
-    ``tree`` or the wide ``TreeConfig()`` on every device: a measure of the head, not of the device's default."""
-    tree = tree if tree is not None else TreeConfig()
+def evaluate(model, head, prompts, *, max_new_tokens: int, tree: TreeConfig | None = None,
+             progress: bool = False) -> dict:
+    """The head's acceptance on ``prompts`` through ``speculative_generate``: {"mean_accept_length" (tokens per
+    target forward over all prompts, draft-weighted), "prompts", "max_new_tokens", "tree" (what the calls drafted:
+    one tree as a dict, or a list of them)}. ``tree``: None drafts what the default call drafts on the target's
+    device, as every entry point does. ``progress``: a tqdm bar over the prompts."""
+    from tqdm.auto import tqdm
+
     device = execution_device(model.get_input_embeddings())
     accepted = drafts = 0
-    for prompt in prompts:
+    trees: list[dict] = []
+    for prompt in tqdm(prompts, desc="evaluate", unit="prompt", disable=not progress, dynamic_ncols=True):
         inputs = prompt if isinstance(prompt, dict) else {"input_ids": prompt}
         inputs = {k: v.to(device) for k, v in inputs.items()}
         out = speculative_generate(model, head, **inputs, max_new_tokens=max_new_tokens, tree=tree,
                                    return_dict_in_generate=True)
         accepted += out.stats.mean_accept_length * out.stats.num_drafts
         drafts += out.stats.num_drafts
-    return accepted / drafts if drafts else 0.0
+        if dataclasses.asdict(out.stats.tree) not in trees:
+            trees.append(dataclasses.asdict(out.stats.tree))
+    return {"mean_accept_length": accepted / drafts if drafts else 0.0, "prompts": len(prompts),
+            "max_new_tokens": max_new_tokens, "tree": trees[0] if len(trees) == 1 else trees}
+
+
+def mean_accept_length(model, head, prompts, *, max_new_tokens: int, tree: TreeConfig | None = None) -> float:
+    """``evaluate``'s mean acceptance length alone."""
+    return evaluate(model, head, prompts, max_new_tokens=max_new_tokens, tree=tree)["mean_accept_length"]

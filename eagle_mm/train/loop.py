@@ -8,9 +8,12 @@ module so that DDP and FSDP see an ordinary forward, are prepared.
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import json
 import logging
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,11 +25,11 @@ from ..heads import Eagle3Head, EagleHead
 from ..heads.io import load_head
 from ..target.multimodal import hide_image_features
 from .accelerator import make_accelerator
-from .checkpoint import check_resumable, resolve_resume, save_checkpoint
+from .checkpoint import check_resumable, list_checkpoints, resolve_resume, save_checkpoint
 from .config import VARIANTS, TrainConfig
 from .data import BatchPlan, build_draft_vocab, collate, encode_rows, has_images, read_rows, write_rows
 from .dump import FeatureStore, feature_layers
-from .evaluate import eval_prompts, mean_accept_length
+from .evaluate import eval_prompts, evaluate
 from .regenerate import regenerate_rows
 from .losses import eagle1_loss, eagle3_loss
 from .target import load_processor, load_target, load_target_embeddings, load_tokenizer, target_features
@@ -73,6 +76,16 @@ def _schedule(total: int, warmup: int, floor: float):
     return factor
 
 
+def _said_when_out_of_space(fn):
+    @functools.wraps(fn)
+    def run(config: TrainConfig, **kwargs):
+        with _out_of_space(config):
+            return fn(config, **kwargs)
+
+    return run
+
+
+@_said_when_out_of_space  # a full disk anywhere in the run: one line saying what is kept and how to go on
 def train(config: TrainConfig, *, on_step=None, processor=None, target=None) -> TrainResult:
     """Train a draft head as ``config`` says; ``on_step(step, metrics)`` is called after every optimizer step.
 
@@ -114,14 +127,46 @@ def train(config: TrainConfig, *, on_step=None, processor=None, target=None) -> 
 
     layers = feature_layers(config, parts.num_layers)
     result = TrainResult(out, start)
-    _loop(config, acc, objective, optimizer, scheduler, plan, examples, target, layers, start, total, on_step, result)
-
+    with _logs_above_bars():
+        _loop(config, acc, objective, optimizer, scheduler, plan, examples, target, layers, start, total, on_step,
+              result)
     _export_head(acc, objective, out, config.save_dtype)
     if held_out and config.eval_samples:
-        result.mean_accept_length = _evaluate(config, acc, target, held_out)
+        with _logs_above_bars():
+            result.mean_accept_length = _evaluate(config, acc, target, held_out)
     acc.wait_for_everyone()
     acc.end_training()
     return result
+
+
+def _logs_above_bars():
+    """While a progress bar is drawn, console log lines print above it (through tqdm.write) instead of running on
+    from the bar's line."""
+    from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    console = [h for h in logging.root.handlers if isinstance(h, logging.StreamHandler)
+               and getattr(h, "stream", None) in (sys.stdout, sys.stderr)]
+    # Without a console handler (logging not configured, as in a library call) there is nothing to move.
+    return logging_redirect_tqdm(tqdm_class=tqdm) if console else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _out_of_space(config: TrainConfig):
+    """A full disk (or quota) under any of the run's writes becomes one OSError that says what is safe, instead of
+    a traceback from deep inside a writer. Checkpoints are written whole or not at all (``checkpoint.py``)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        done = list_checkpoints(config.output_dir)
+        then = (f"the checkpoints written so far are intact (latest: {done[-1][1]}), and resuming from one continues "
+                f"exactly as if the run had not stopped: free space and run it again with --resume (resume='auto')"
+                if done else "no checkpoint had been written yet: free space and start again")
+        err = OSError(f"no space left on device while writing {e.filename or config.output_dir}; {then}")
+        err.errno = e.errno
+        raise err from e
 
 
 def _resume(acc, resume_dir: Path | None, start: int, log: Path) -> None:
@@ -142,47 +187,47 @@ def _loop(config, acc, objective, optimizer, scheduler, plan, examples, target, 
     from tqdm.auto import tqdm
 
     objective.train()
-    bar = tqdm(total=total, initial=start, desc=f"train {config.kind}", disable=not acc.is_main_process,
-               dynamic_ncols=True)
-    orders: dict[int, list[int]] = {}
-    params = [p for p in objective.parameters() if p.requires_grad]
-    for step in range(start, total):
-        epoch = step // plan.steps_per_epoch
-        if epoch not in orders:
-            orders = {epoch: plan.order(epoch)}
-        loss_sum, stats_sum = 0.0, 0.0
-        for m in range(config.grad_accum):
-            rows = plan.rows(step, m, acc.process_index, orders[epoch])
-            batch = _batch([examples[r] for r in rows], target, layers, config, acc.device)
-            sync = m == config.grad_accum - 1
-            with contextlib.nullcontext() if sync else acc.no_sync(objective):
-                loss, stats = objective(batch)
-                acc.backward(loss / config.grad_accum)
-            loss_sum, stats_sum = loss_sum + loss.detach().float(), stats_sum + stats
-        if config.max_grad_norm > 0:
-            acc.clip_grad_norm_(params, config.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        metrics = _metrics(acc, loss_sum / config.grad_accum, stats_sum, scheduler.get_last_lr()[0])
-        done = step + 1
-        result.step = done
-        result.losses.append(metrics["loss"])
-        result.accuracies.append(metrics["acc"])
-        bar.update()
-        bar.set_postfix(loss=f"{metrics['loss']:.4f}", acc="/".join(f"{a:.2f}" for a in metrics["acc"]))
-        if acc.is_main_process and (done % config.log_every == 0 or done == total):
-            logger.info("step %d/%d loss %.4f acc %s lr %.3g", done, total, metrics["loss"],
-                        [round(a, 3) for a in metrics["acc"]], metrics["lr"])
-            with open(Path(config.output_dir) / LOG_NAME, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": done, **metrics}) + "\n")
-        if done % config.save_every == 0 or done == total:
-            save_checkpoint(acc, config.output_dir, done, config,
-                            lambda path: _export_head(acc, objective, path / "head", config.save_dtype),
-                            config.keep_checkpoints)
-        if on_step is not None:
-            on_step(done, metrics)
-    bar.close()
+    # closed on an error too, so that the error's message starts on a line of its own
+    with tqdm(total=total, initial=start, desc=f"train {config.kind}", disable=not acc.is_main_process,
+              dynamic_ncols=True) as bar:
+        orders: dict[int, list[int]] = {}
+        params = [p for p in objective.parameters() if p.requires_grad]
+        for step in range(start, total):
+            epoch = step // plan.steps_per_epoch
+            if epoch not in orders:
+                orders = {epoch: plan.order(epoch)}
+            loss_sum, stats_sum = 0.0, 0.0
+            for m in range(config.grad_accum):
+                rows = plan.rows(step, m, acc.process_index, orders[epoch])
+                batch = _batch([examples[r] for r in rows], target, layers, config, acc.device)
+                sync = m == config.grad_accum - 1
+                with contextlib.nullcontext() if sync else acc.no_sync(objective):
+                    loss, stats = objective(batch)
+                    acc.backward(loss / config.grad_accum)
+                loss_sum, stats_sum = loss_sum + loss.detach().float(), stats_sum + stats
+            if config.max_grad_norm > 0:
+                acc.clip_grad_norm_(params, config.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            metrics = _metrics(acc, loss_sum / config.grad_accum, stats_sum, scheduler.get_last_lr()[0])
+            done = step + 1
+            result.step = done
+            result.losses.append(metrics["loss"])
+            result.accuracies.append(metrics["acc"])
+            bar.update()
+            bar.set_postfix(loss=f"{metrics['loss']:.4f}", acc="/".join(f"{a:.2f}" for a in metrics["acc"]))
+            if acc.is_main_process and (done % config.log_every == 0 or done == total):
+                logger.info("step %d/%d loss %.4f acc %s lr %.3g", done, total, metrics["loss"],
+                            [round(a, 3) for a in metrics["acc"]], metrics["lr"])
+                with open(Path(config.output_dir) / LOG_NAME, "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"step": done, **metrics}) + "\n")
+            if done % config.save_every == 0 or done == total:
+                save_checkpoint(acc, config.output_dir, done, config,
+                                lambda path: _export_head(acc, objective, path / "head", config.save_dtype),
+                                config.keep_checkpoints)
+            if on_step is not None:
+                on_step(done, metrics)
 
 
 def _metrics(acc, loss: torch.Tensor, stats: torch.Tensor, lr: float) -> dict:
@@ -326,18 +371,21 @@ def _evaluate(config: TrainConfig, acc, target, held_out) -> float | None:
         dtype = resolve_target(target).embed.weight.dtype
         head = load_head(config.output_dir, target=target, dtype=dtype)
         prompts = eval_prompts(held_out, config.eval_samples)
-        value = mean_accept_length(target, head, prompts, max_new_tokens=config.eval_max_new_tokens)
-        report = {"mean_accept_length": value, "prompts": len(prompts), "max_new_tokens": config.eval_max_new_tokens}
+        logger.info("evaluating the head on %d held-out prompts (%d new tokens each, the default call's tree)",
+                    len(prompts), config.eval_max_new_tokens)
+        report = evaluate(target, head, prompts, max_new_tokens=config.eval_max_new_tokens, progress=True)
+        value = report["mean_accept_length"]
         (Path(config.output_dir) / EVAL_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        logger.info("mean acceptance length on %d held-out prompts: %.3f", len(prompts), value)
+        logger.info("mean acceptance length on %d held-out prompts: %.3f (tree %s)", len(prompts), value,
+                    report["tree"])
     acc.wait_for_everyone()
     return value
 
 
 def _trim_log(path: Path, step: int) -> None:
-    """Drop log lines past ``step``: a resumed run writes them again."""
+    """Drop log lines past ``step``: a resumed run writes them again. So is a last line cut short (a full disk)."""
     if not path.is_file():
         return
-    keep = [line for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step]
+    lines = path.read_text(encoding="utf-8").split("\n")[:-1]  # a line without its newline was cut short
+    keep = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
     path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")

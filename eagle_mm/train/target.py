@@ -85,7 +85,11 @@ def load_target_embeddings(path, *, dtype: str = "auto", device=None):
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
         model = _auto_class(config).from_config(config, dtype=None if dtype == "auto" else _dtype(dtype))
-    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    # Every name of each parameter: with tied embeddings one tensor answers to both names, and the checkpoint
+    # holds it under one of them (usually the embedding's).
+    names: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(n)
     embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = lm_head.weight is embed.weight
     want = {"embed": names[id(embed.weight)]}
@@ -105,7 +109,8 @@ def load_target_embeddings(path, *, dtype: str = "auto", device=None):
     return model
 
 
-def _read_named(root: Path, want: dict[str, str], tie_ok: bool) -> dict[str, torch.Tensor]:
+def _read_named(root: Path, want: dict[str, list[str]], tie_ok: bool) -> dict[str, torch.Tensor]:
+    """role -> tensor, each read under the first of its names that the checkpoint holds."""
     index = root / "model.safetensors.index.json"
     if index.is_file():
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
@@ -116,11 +121,13 @@ def _read_named(root: Path, want: dict[str, str], tie_ok: bool) -> dict[str, tor
         raise FileNotFoundError(f"{root} has no model.safetensors(.index.json); embeddings-only loading reads "
                                 f"safetensors checkpoints")
     out = {}
-    for role, key in want.items():
-        if key not in weight_map:
+    for role, keys in want.items():
+        key = next((k for k in keys if k in weight_map), None)
+        if key is None:
             if role == "lm_head" and tie_ok:
                 continue
-            raise ValueError(f"{root}: the target's {role} weight {key!r} is not in its checkpoint")
+            named = " or ".join(repr(k) for k in keys)
+            raise ValueError(f"{root}: the target's {role} weight ({named}) is not in its checkpoint")
         with safe_open(str(root / weight_map[key]), framework="pt") as f:
             out[role] = f.get_tensor(key)
     if "lm_head" not in out and "lm_head" in want:

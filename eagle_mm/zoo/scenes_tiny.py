@@ -20,6 +20,7 @@ import json
 import logging
 import random
 import shutil
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -278,18 +279,22 @@ def build(out, *, seed: int = 0, device: str | None = None, toy: bool = False, s
 
 # ---- demo ---------------------------------------------------------------------------------------------------
 def image_demo(image=None, question: str = "Describe the image.", *, path=None, device=None, tree=None,
-               max_new_tokens: int = 96, seed: int = 0) -> dict:
+               max_new_tokens: int = 96, seed: int = 0, runs: int = 3) -> dict:
     """Speculative decoding on scenes-tiny next to ``generate``, on ``image`` (a path or PIL image; default:
-    validation scene ``seed`` rendered). ``path``: a build directory (default: ``eagle_mm.zoo.load``'s).
+    validation scene ``seed`` rendered). ``path``: a build directory (default: ``eagle_mm.zoo.load``'s). tree:
+    None drafts the default call's tree. runs: timed runs of each decoding, alternating.
 
     Returns {question, completion, identical, mean_accept_length, accept_rate_per_position, generate_s,
-    speculative_s, speedup, tree}; the completion is the speculative one (greedy: the same as generate's).
+    speculative_s (the median times), speedup (the median), speedups (one per run), tree}; the completion is the
+    speculative one (greedy: the same as generate's).
     """
     from PIL import Image
 
     from ..decode.loop import speculative_generate
     from .registry import load, load_scenes_dir
 
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise ValueError(f"runs must be a positive int (timed runs of each decoding), got {runs!r}")
     zm = load_scenes_dir(path, device=device) if path is not None else load(NAME, device=device)
     if image is None:
         image = sd.render(sd.make_scene(seed), zm.image_size)
@@ -297,23 +302,27 @@ def image_demo(image=None, question: str = "Describe the image.", *, path=None, 
         with Image.open(image) as im:
             image = im.convert("RGB")
     inputs = zm.inputs(image.convert("RGB"), question)
-    tree = tree if tree is not None else zm.demo_tree()
     kw = dict(max_new_tokens=max_new_tokens, do_sample=False)
+    times = []
     with torch.no_grad():
         zm.target.generate(**inputs, **kw)  # warm-up: the first call pays one-time costs
         speculative_generate(zm.target, zm.head, **inputs, tree=tree, **kw)
-        t0 = _now(zm.target)
-        ref = zm.target.generate(**inputs, **kw)
-        t1 = _now(zm.target)
-        out = speculative_generate(zm.target, zm.head, **inputs, tree=tree, return_dict_in_generate=True, **kw)
-        t2 = _now(zm.target)
+        for _ in range(runs):
+            t0 = _now(zm.target)
+            ref = zm.target.generate(**inputs, **kw)
+            t1 = _now(zm.target)
+            out = speculative_generate(zm.target, zm.head, **inputs, tree=tree, return_dict_in_generate=True, **kw)
+            times.append((t1 - t0, _now(zm.target) - t1))
     n = inputs["input_ids"].shape[1]
     stats = out.stats
+    speedups = [g / max(s, 1e-9) for g, s in times]
     return {"question": question, "completion": zm.processor.tokenizer.decode(out.sequences[0, n:],
                                                                                skip_special_tokens=True),
             "identical": bool(torch.equal(out.sequences, ref)), "mean_accept_length": stats.mean_accept_length,
-            "accept_rate_per_position": stats.accept_rate_per_position, "generate_s": t1 - t0,
-            "speculative_s": t2 - t1, "speedup": (t1 - t0) / max(t2 - t1, 1e-9), "tree": dataclasses.asdict(tree)}
+            "accept_rate_per_position": stats.accept_rate_per_position,
+            "generate_s": statistics.median([g for g, _ in times]),
+            "speculative_s": statistics.median([s for _, s in times]),
+            "speedup": statistics.median(speedups), "speedups": speedups, "tree": dataclasses.asdict(stats.tree)}
 
 
 def _now(model) -> float:
