@@ -28,11 +28,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
-import io
 import json
 import logging
 import os
-import re
 import stat
 import sys
 import tempfile
@@ -42,7 +40,9 @@ from pathlib import Path
 
 import torch
 
-from ..target.dynamo import is_static
+from ..target.dynamo import aot_compile, compiler_failure, inductor_cache_dir, is_static, load_compiled, \
+    module_hooks, savable_guards, serialized
+from ..target.generation import attention_implementation
 from .signature import Signature, alive
 
 logger = logging.getLogger(__name__)
@@ -57,9 +57,7 @@ _MAGIC = b"eagle_mm compiled step\n"  # then a JSON line (the key the file was s
 
 def cache_folder() -> Path:
     """Where compiled steps are kept: ``eagle_mm`` inside inductor's cache folder (``TORCHINDUCTOR_CACHE_DIR``)."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    return Path(cache_dir()) / "eagle_mm"
+    return inductor_cache_dir() / "eagle_mm"
 
 
 def _source_hash() -> str:
@@ -115,14 +113,13 @@ def _owner_facts(owner: torch.nn.Module) -> list:
     outside their submodules), and its config: guards on identities are not saved."""
     mods = []
     for name, m in owner.named_modules():
-        hooks = [_name(h) for d in (m._forward_pre_hooks, m._forward_hooks) for h in d.values()]
+        hooks = [_name(h) for h in module_hooks(m)]
         held = [[k, _name(type(h)), _replaced_forward(h)] for k, h in _held_modules(m)]
         mods.append([name, _name(type(m)), hooks, m.training, _replaced_forward(m), held])
     config = getattr(owner, "config", None)
     if hasattr(config, "to_json_string"):
-        config = [config.to_json_string(use_diff=False), getattr(config, "_attn_implementation", None)]
-    glob = torch.nn.modules.module
-    hooks = [_name(h) for d in (glob._global_forward_pre_hooks, glob._global_forward_hooks) for h in d.values()]
+        config = [config.to_json_string(use_diff=False), attention_implementation(config)]
+    hooks = [_name(h) for h in module_hooks()]
     return [mods, repr(config), hooks]
 
 
@@ -141,35 +138,6 @@ def _held_modules(m: torch.nn.Module):
         for sub, x in (value.items() if isinstance(value, dict) else [("", value)]):
             if isinstance(x, torch.nn.Module):
                 yield f"{key}{sub and '.' + str(sub)}", x
-
-
-def _savable(entries) -> list[bool]:
-    """dynamo's guard filter: keep every guard torch can save (the others are in the file's key). Left out too:
-    guards on a function's default values (torch 2.11 saves them but cannot load them back: its ``DefaultsSource``
-    does not unpickle; the defaults are our source's or the model's, both in the key), and guards on or through an
-    object whose class is defined inside a function or a class: torch cannot save a type check on it, and saves the
-    object itself as a bare ``nn.Module``, so guards through it fail to build at load. transformers 5.25's
-    kernel-replaceable functions (``apply_rotary_pos_emb``) are such objects; their classes come from transformers'
-    source, in the key, and a ``forward`` replaced on them is in ``_owner_facts``."""
-    unsaved = torch._dynamo.guards.CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
-    local = [re.compile(re.escape(n) + r"(?!\w)")
-             for n in {e.name for e in entries if e.has_value and _local_class(e.value)}]
-    return [not (e.guard_type in unsaved or any(d in unsaved for d in e.derived_guard_types)
-                 or _through_defaults(e.orig_guard.originating_source) or any(p.search(e.name) for p in local))
-            for e in entries]
-
-
-def _local_class(value) -> bool:
-    # torch's own test for a class it cannot name when saving (a nested class included)
-    return type(value).__qualname__ != type(value).__name__
-
-
-def _through_defaults(source) -> bool:
-    while source is not None:
-        if type(source).__name__ == "DefaultsSource":
-            return True
-        source = getattr(source, "base", None)
-    return False
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -310,7 +278,7 @@ class DiskCompiled:
         kept = self._trusted(path.parent)
         try:
             fn = (self._load(path, key, args) if kept else None) or self._compile(path if kept else None, key, args)
-        except torch._dynamo.exc.BackendCompilerFailed as e:
+        except compiler_failure() as e:
             self._uncompiled(e)
         finally:
             self.setup += time.perf_counter() - t0
@@ -327,7 +295,7 @@ class DiskCompiled:
         t0 = time.perf_counter()  # torch.compile's first call: its compile
         try:
             return self._plain(*args)
-        except torch._dynamo.exc.BackendCompilerFailed as e:
+        except compiler_failure() as e:
             self._uncompiled(e)
             return self.fn(*args)
         finally:
@@ -370,8 +338,7 @@ class DiskCompiled:
                            _first_line(e))
             return None
         try:
-            fn = torch.compiler.load_compiled_function(io.BytesIO(payload), f_globals=self.fn.__globals__)
-            fn.disable_guard_check()  # checked by _find, once per new set of argument objects
+            fn = load_compiled(payload, self.fn.__globals__)  # guards checked by _find, once per new set of arguments
             fits = fn.guard_check(*args)
         except Exception as e:  # a file from another build of torch, guards written for other arguments...
             logger.warning("loading the compiled %s from %s failed (%s); compiling it again", self.what, path,
@@ -386,22 +353,19 @@ class DiskCompiled:
 
     def _compile(self, path: Path | None, key: str, args: tuple):
         """Compiled ahead of time and saved to ``path`` (None: not saved), or None with ``_plain`` set."""
-        options = {**torch._inductor.list_mode_options(self.mode), "guard_filter_fn": _savable}
-        try:  # torch 2.11 offers aot_compile only when asked (2.13 by default)
-            with torch._dynamo.config.patch(enable_aot_compile=True):
-                fn = torch.compile(self.fn, dynamic=False, fullgraph=True, options=options).aot_compile((args, {}))
-        except torch._dynamo.exc.BackendCompilerFailed:
+        try:  # guards torch cannot save are left to the file's key (the module's doc)
+            fn = aot_compile(self.fn, args, self.mode, savable_guards)
+        except compiler_failure():
             raise  # inductor itself failed: _find runs the step uncompiled from now on
         except Exception as e:  # a graph break, a guard torch cannot save
             self._in_process_only(_first_line(e))
             return None
-        fn.disable_guard_check()
         self.compiled += 1
         if path is None:
             return fn
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            _write(path, _pack(key, type(fn).serialize(fn).serialized_data))
+            _write(path, _pack(key, serialized(fn)))
         except Exception as e:
             logger.warning("saving the compiled %s to %s failed (%s); a new process compiles it again", self.what,
                            path, _first_line(e))

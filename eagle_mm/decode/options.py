@@ -131,7 +131,7 @@ def _given(value) -> bool:
 
 
 def check_attention(model) -> None:
-    impl = attention_implementation(model)
+    impl = attention_implementation(model.config) or "eager"
     if impl not in ("eager", "sdpa"):
         raise ValueError(f"tree verification needs a 4D float mask, which attn_implementation={impl!r} cannot take; "
                          f"load the model with attn_implementation='sdpa' (or call model.set_attn_implementation('sdpa'))")

@@ -27,9 +27,10 @@ def pad_token_id(gen) -> int:
     return int(eos) if eos is not None else 0
 
 
-def attention_implementation(model) -> str:
-    """The attention implementation the model's forward runs ("eager", "sdpa", "flash_attention_2", ...)."""
-    return getattr(model.config, "_attn_implementation", "eager")
+def attention_implementation(config) -> str | None:
+    """The attention implementation a model of ``config`` runs ("eager", "sdpa", "flash_attention_2", ...); None for
+    a config that names none (a draft head's)."""
+    return getattr(config, "_attn_implementation", None)
 
 
 def placement_devices(model) -> list[str]:
