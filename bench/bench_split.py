@@ -10,7 +10,7 @@ either by ``accelerate.dispatch_model`` (``--via dispatch``) or saved and loaded
 
 Per dtype, ``model.generate(do_sample=False)`` is the reference; ``speculative_generate`` must give the same
 tokens with (1) a forced-acceptance head (the real head with its proposals replaced by the reference
-continuation, 20% of them made wrong: ``tests/doubles.py``) and (2) the untrained head. Tokens/s of each,
+continuation, 20% of them made wrong: ``bench/forced.py``) and (2) the untrained head. Tokens/s of each,
 acceptance, and peak memory per GPU are written to --out after each dtype.
 
 Why float32 as well as bfloat16: random weights give flat logits, and among 128k of them the top two are
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import logging
 import sys
@@ -36,18 +35,10 @@ from pathlib import Path
 import torch
 
 from bench.bench_multi_gpu import SHAPES, build_target
+from bench.forced import ForcedHead
 from bench.harness import sync, timed_call
 
 logger = logging.getLogger("bench_split")
-REPO = Path(__file__).resolve().parents[1]
-
-
-def forced_head_class():
-    """tests/doubles.py's ForcedHead, loaded from its file (a ``tests`` package elsewhere cannot shadow it)."""
-    spec = importlib.util.spec_from_file_location("eagle_mm_test_doubles", REPO / "tests" / "doubles.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.ForcedHead
 
 
 def device_map(num_layers: int, devices: list[str], split: float) -> dict:
@@ -146,7 +137,6 @@ def run_dtype(args, dtype: torch.dtype, work: Path) -> dict:
               "tree": {"depth": tree.depth, "top_k": tree.top_k, "total_tokens": tree.total_tokens},
               "generate": {"seconds": gen_s, "tokens_per_s": new / gen_s},
               "reference_min_top2_gap": float(gaps.min()), "reference_ties_below_1e-3": int((gaps < 1e-3).sum())}
-    ForcedHead = forced_head_class()
     wrong = torch.rand(ref_ids.shape[1], generator=torch.Generator().manual_seed(0)) < 0.2
     heads = {"forced": ForcedHead(base, ref_ids[0], wrong.to(ref_ids.device)), "untrained": base}
     for name, head in heads.items():

@@ -4,11 +4,36 @@ import os
 import sys
 
 import torch
+import transformers as tf
 
 sys.path.insert(0, os.getcwd())
 import eagle_mm as em  # noqa: E402
-from tests.doubles import ForcedHead  # noqa: E402
-from tests.tiny import prompt, tiny_model  # noqa: E402
+from bench.forced import ForcedHead  # noqa: E402
+
+_SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+              vocab_size=96, max_position_embeddings=512, tie_word_embeddings=False)
+_FAMILIES = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM, "sdpa", {}),
+             "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, "sdpa", {}),
+             "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM, "eager",
+                        dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8))}
+
+
+def tiny_model(family: str):
+    """A tiny random target of ``family``, with sharpened logits so that greedy choices are far from ties."""
+    config_class, model_class, attention, extra = _FAMILIES[family]
+    config = config_class(**_SHAPE, **extra)
+    torch.manual_seed(0)
+    model = model_class(config).eval()
+    model.set_attn_implementation(attention)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, None
+    return model
+
+
+def prompt(length: int, batch: int = 1) -> torch.Tensor:
+    return torch.randint(3, 96, (batch, length), generator=torch.Generator().manual_seed(1))
+
 
 results = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0)}
 for family in ("llama", "gemma2", "qwen2"):

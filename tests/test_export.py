@@ -12,9 +12,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from eagle_mm import Eagle3Head, EagleHead, TreeConfig
-from eagle_mm.export import (
-    LAYOUTS, add_export_parser, detect_layout, export_head, load_exported, run_export, serving_command,
-)
+from eagle_mm.cli.export import add_export_parser, run_export
+from eagle_mm.export import LAYOUTS, detect_layout, export_head, load_exported, serving_command
 from eagle_mm.heads.io import load_head
 from tiny import tiny_model
 

@@ -71,3 +71,86 @@ def test_no_import_cycles():
 def test_a_cycle_is_found():
     """The check itself: a planted cycle is reported."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {name: _imports(name, path, mods) for name, path in mods.items()}
+
+
+def test_layers_point_down():
+    """The library never imports its command line (the ``__main__`` entry points excepted); the lowest decode layer
+    (trees, masks, acceptance, sampling) imports nothing above it; the kernels import nothing of decode."""
+    graph = _graph()
+    to_cli = {m: sorted(d for d in deps if d.startswith("eagle_mm.cli")) for m, deps in graph.items()
+              if not m.startswith("eagle_mm.cli") and not m.endswith("__main__")}
+    assert not {m: d for m, d in to_cli.items() if d}, "library modules import eagle_mm.cli"
+    kernels = {"eagle_mm.kernels", "eagle_mm.kernels.dispatch", "eagle_mm.kernels.reference"}
+    lowest = {"eagle_mm.decode.tree": set(), "eagle_mm.decode.masks": set(),
+              "eagle_mm.decode.sampling": kernels | {"eagle_mm.decode.tree"},
+              "eagle_mm.decode.accept": kernels | {"eagle_mm.decode.tree", "eagle_mm.decode.sampling"}}
+    for module, allowed in lowest.items():
+        assert graph[module] <= allowed, f"{module} imports {sorted(graph[module] - allowed)}"
+    for module, deps in graph.items():
+        if module.startswith("eagle_mm.kernels"):
+            assert not {d for d in deps if d.startswith("eagle_mm.decode")}, module
+
+
+# Registries that other helpers' branches are removing; each goes with its branch.
+_REGISTRIES_NOT_YET = {"eagle_mm/decode/skinny.py"}
+_MUTABLE = ("dict", "list", "set", "OrderedDict", "defaultdict", "WeakKeyDictionary", "WeakValueDictionary", "WeakSet")
+
+
+def _registries(path: Path) -> list[str]:
+    """Module-level names bound to an empty mutable container: a registry filled at run time."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        value = node.value
+        empty = isinstance(value, (ast.Dict, ast.List, ast.Set)) and not getattr(value, "keys", getattr(value, "elts", [1]))
+        if isinstance(value, ast.Call):
+            name = getattr(value.func, "attr", getattr(value.func, "id", ""))
+            empty = name in _MUTABLE and not value.args
+        if empty:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found += [f"{path.name}:{node.lineno}: {ast.unparse(t)}" for t in targets]
+    return found
+
+
+def test_no_module_level_registries_in_decode():
+    """Decode state lives on the decoder object (``eagle_mm.decoder``), not in module-level tables."""
+    root = PACKAGE.parent
+    found = [r for p in sorted((PACKAGE / "decode").glob("*.py")) if str(p.relative_to(root)) not in
+             _REGISTRIES_NOT_YET for r in _registries(p)]
+    assert not found, found
+
+
+def test_a_registry_is_found(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("import weakref\nA = {}\nB: dict = {}\nC = weakref.WeakKeyDictionary()\nD = {'x': 1}\nE = ()\n")
+    assert [r.split(": ")[1] for r in _registries(probe)] == ["A", "B", "C"]
+
+
+# bench/ scripts that still import tests/ until the branch that replaces them lands.
+_BENCH_NOT_YET = {"bench/bench_autotree.py"}
+
+
+def test_bench_and_scripts_do_not_import_tests():
+    """bench/ and scripts/ run on their own: they never import the test suite (nor load its files)."""
+    root = PACKAGE.parent
+    bad = []
+    for path in sorted([*(root / "bench").glob("*.py"), *(root / "scripts").glob("*.py")]):
+        if str(path.relative_to(root)) in _BENCH_NOT_YET:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = [node.value] if node.value in ("tests", "tests/") else []
+            bad += [f"{path.relative_to(root)}:{node.lineno}: {n}" for n in names if n == "tests" or
+                    n.startswith(("tests.", "tests/"))]
+    assert not bad, bad

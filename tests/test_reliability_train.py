@@ -13,7 +13,7 @@ import pytest
 from eagle_mm.train import TrainConfig, train
 import eagle_mm.train.checkpoint as checkpoint
 from eagle_mm.train.checkpoint import list_checkpoints, resolve_resume
-from eagle_mm.train.cli import add_train_parser
+from eagle_mm.cli.train import add_train_parser
 from tests.test_train_tools import greedy_rows, one_thread, save_target, write_jsonl  # noqa: F401
 
 

@@ -126,7 +126,7 @@ def test_serving_command_for_the_speculators_layout(tmp_path, target):
 def test_cli_export_speculators(tmp_path, target, capsys):
     import argparse
 
-    from eagle_mm.export import add_export_parser
+    from eagle_mm.cli.export import add_export_parser
 
     parser = argparse.ArgumentParser(prog="eagle-mm")
     add_export_parser(parser.add_subparsers(dest="command", required=True))

@@ -16,7 +16,7 @@ import torch
 
 import eagle_mm as em
 from eagle_mm.train.checkpoint import list_checkpoints
-from eagle_mm.train.cli import add_train_parser
+from eagle_mm.cli.train import add_train_parser
 from tests.test_train_tools import greedy_rows, one_thread, save_target, write_jsonl  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]

@@ -194,7 +194,7 @@ def _compare(model, inputs: dict, options: dict, args: argparse.Namespace, seque
 
 
 def _add_export(subparsers: argparse._SubParsersAction) -> None:
-    from ..export import add_export_parser
+    from .export import add_export_parser
 
     add_export_parser(subparsers)
 
@@ -206,7 +206,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_train(subparsers: argparse._SubParsersAction) -> None:
-    from ..train.cli import add_train_parser
+    from .train import add_train_parser
 
     add_train_parser(subparsers)
 

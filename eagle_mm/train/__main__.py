@@ -2,7 +2,7 @@
 
 import sys
 
-from eagle_mm.train.cli import main
+from eagle_mm.cli.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

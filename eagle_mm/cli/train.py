@@ -18,8 +18,8 @@ import typing
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..cli.util import check_model_dir, quiet_loading
-from .config import TrainConfig
+from ..train.config import TrainConfig
+from .util import check_model_dir, quiet_loading
 
 __all__ = ["add_train_parser", "add_train_arguments", "run_train", "main"]
 
@@ -105,8 +105,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def _clear_earlier_run(config: TrainConfig) -> None:
     """--overwrite: remove what an earlier run left in output_dir (checkpoints, logs, cached rows); the head's
     own files are rewritten at the end of this one."""
-    from .checkpoint import CHECKPOINTS
-    from .loop import EVAL_NAME, LOG_NAME, REGENERATED_NAME
+    from ..train.checkpoint import CHECKPOINTS
+    from ..train.loop import EVAL_NAME, LOG_NAME, REGENERATED_NAME
 
     if config.resume is not None:
         raise ValueError(f"--overwrite starts afresh, --resume {config.resume} continues: pass one of them")
@@ -135,11 +135,11 @@ def run_train(args: argparse.Namespace) -> int:
         if args.overwrite and args.dump_features is None:
             _clear_earlier_run(config)
         if args.dump_features is not None:
-            from .dump import dump_features
+            from ..train.dump import dump_features
 
             dump_features(config, args.dump_features)
             return 0
-        from .loop import train
+        from ..train.loop import train
 
         result = train(config)
     except (ValueError, OSError) as e:  # bad options or data, a missing file, a full disk: one line
