@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..target.parts import TargetParts, execution_device, resolve_target
+from ..target.parts import TargetParts, resolve_target
 from .layers import rope_cos_sin, rope_inv_freq
 
 logger = logging.getLogger(__name__)
@@ -183,9 +183,9 @@ class DraftHead(nn.Module):
     # ---- pieces of a draft step ------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings from the target's (frozen, shared) embedding table: (B, Q) -> (B, Q, H)."""
-        emb = self.target_parts.embed
+        parts = self._target if self._target is not None else self.target_parts  # the property names the fix
         with torch.no_grad():
-            return emb(input_ids.to(execution_device(emb))).to(self._dtype_device()[1])
+            return parts.embed(input_ids.to(parts.embed_device)).to(self._dtype_device()[1])
 
     def rope(self, position_ids: torch.Tensor):
         dtype, device = self._dtype_device()

@@ -51,6 +51,7 @@ class TargetParts:
     rope: str
     is_vlm: bool
     image_token_id: int | None = None  # the placeholder token a VLM's prompt repeats per image feature
+    embed_device: torch.device | None = None  # where the input embeddings compute (``execution_device``)
 
     @property
     def num_layers(self) -> int:
@@ -105,16 +106,18 @@ def resolve_target(model: nn.Module) -> TargetParts:
     lm_head = model.get_output_embeddings()
     if lm_head is None:
         raise ValueError(f"{type(model).__name__} has no output embeddings (lm_head); a causal LM is needed")
+    embed = model.get_input_embeddings()
     return TargetParts(
         text_model=text_model,
         layers=layers,
         text_config=text_config,
-        embed=model.get_input_embeddings(),
+        embed=embed,
         lm_head=lm_head,
         model_type=model_type,
         rope=row.rope,
         is_vlm=is_vlm,
         image_token_id=getattr(config, "image_token_id", None) if is_vlm else None,
+        embed_device=execution_device(embed),
     )
 
 
