@@ -86,6 +86,36 @@ def test_static_reuses_cache_between_calls():
     assert torch.equal(_run(model, head, ids, None, 12, TREE).sequences, first.sequences)
 
 
+def test_a_call_nested_in_a_running_one_is_refused():
+    """A stopping criterion that decodes with the same model and head would overwrite the running call's cache: the
+    nested call is refused with one clear error (a call with another head has its own decoder and runs)."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    model = tiny_model("llama")
+    head, other = em.Eagle3Head.from_target(model), em.Eagle3Head.from_target(model)
+    seen = []
+
+    class Nested(StoppingCriteria):
+        def __init__(self, with_head):
+            self.with_head = with_head
+
+        def __call__(self, input_ids, scores, **kwargs):
+            if not seen:
+                seen.append(em.speculative_generate(model, self.with_head, prompt(5), max_new_tokens=3))
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    out = em.speculative_generate(model, head, prompt(6), max_new_tokens=4,
+                                  stopping_criteria=StoppingCriteriaList([Nested(other)]))
+    assert seen and seen[0].shape == (1, 8)
+    assert torch.equal(out, model.generate(prompt(6), max_new_tokens=4, do_sample=False))
+    seen.clear()
+    with pytest.raises(RuntimeError, match="inside a call that is decoding with them"):
+        em.speculative_generate(model, head, prompt(6), max_new_tokens=4,
+                                stopping_criteria=StoppingCriteriaList([Nested(head)]))
+    assert torch.equal(em.speculative_generate(model, head, prompt(6), max_new_tokens=4),
+                       model.generate(prompt(6), max_new_tokens=4, do_sample=False))  # the decoder is usable again
+
+
 def test_default_call_takes_the_engine_on_cpu():
     model = tiny_model("llama")
     ids = prompt(8)

@@ -12,6 +12,7 @@ target alive), so that nothing is held at module level. Copying or pickling a he
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections import OrderedDict
@@ -79,6 +80,7 @@ class Decoder:
         self.runner = Runner()
         self._samplers: OrderedDict = OrderedDict()  # DraftSampler.settings() -> generator-less sampler
         self._capture: FeatureCapture | None = None
+        self._running = False
         self.tree = self.sampler = self.generator = None
 
     @property
@@ -93,13 +95,25 @@ class Decoder:
         """Seconds its steps have spent compiling or capturing, over all calls so far."""
         return self.runner.setup
 
-    def capture(self) -> FeatureCapture:
-        """The feature capture of the head's layers (``with dec.capture() as cap``: hooks exist inside only)."""
-        if self._capture is None:
-            parts = resolve_target(self.model)
-            self._capture = FeatureCapture(parts, self.head.feature_layers(parts.num_layers),
-                                           input_embeds=self.head.reads_images(parts))
-        return self._capture
+    @contextlib.contextmanager
+    def running(self):
+        """``with dec.running() as cap``: one call at a time (the lock), with the feature capture of the head's layers
+        (``cap``: its hooks exist inside the block only). A call nested in a running one (from a stopping criterion,
+        say) would overwrite that call's cache: it is refused."""
+        with self.lock:
+            if self._running:
+                raise RuntimeError("speculative_generate was called with this model and head inside a call that is "
+                                   "decoding with them (a callback of it, in the same thread); finish that call first")
+            self._running = True
+            try:
+                if self._capture is None:
+                    parts = resolve_target(self.model)
+                    self._capture = FeatureCapture(parts, self.head.feature_layers(parts.num_layers),
+                                                   input_embeds=self.head.reads_images(parts))
+                with self._capture as cap:
+                    yield cap
+            finally:
+                self._running = False
 
     def close(self) -> None:
         """Free the cache, the buffers, the captured graphs and compiled steps, and forget this decoder: the next call

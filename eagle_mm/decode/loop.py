@@ -123,7 +123,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     # Eager cycles on a CPU: few-row linears as W @ x^T (skinny.py); a compiler chooses its own kernels, and the
     # prefill keeps generate()'s own arithmetic (its first token and features are bit for bit generate()'s).
     eager_cpu = input_ids.device.type == "cpu" and mode is None
-    with dec.lock, dec.capture() as cap:
+    with dec.running() as cap:
         call = _Call(model, dec, cap, gen, logits_processor, reads_input_ids(logits_processor),
                      Stops.of(stopping_criteria), streamer, generator, stats, parts, parts.position_limit)
         setup0 = dec.setup
