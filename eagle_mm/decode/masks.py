@@ -1,9 +1,9 @@
-"""Attention layer kinds and the one tree-mask builder, shared by both storages.
+"""Attention layer kinds and the one tree-mask builder.
 
 A forward of Q new tokens (a verify tree, or a prefill chain) attends to the S stored slots of a layer and to
 itself. Each slot has a token position (-1: empty, left padding, or a hole left where a row accepted fewer tokens
-than another). The engine's fixed storage writes the new tokens into slots it already holds (``write``); the
-fallback's ``DynamicCache`` appends them after the stored ones.
+than another). The engine's storage writes the new tokens into slots it already holds (``write``); the tree
+calibration's cost probe (``autotree_costs``, over HF's ``DynamicCache``) appends them after the stored ones.
 """
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ class LayerKind:
 def layer_kinds(text_config, num_layers: int, cache_layers=None) -> list[LayerKind]:
     """The attention kind of each decoder layer.
 
-    From the config alone for the fixed storage (it stores every layer in full); with the fallback's
-    ``cache_layers``, a layer HF stores as a sliding cache layer keeps its window there (HF stores a chunked layer
-    (Llama 4) as a sliding layer of window = chunk size, whose slots are book-kept like a window's).
+    From the config alone for the engine (it stores every layer in full); with a ``DynamicCache``'s
+    ``cache_layers`` (the tree calibration's cost probe), a layer HF stores as a sliding cache layer keeps its
+    window there (HF stores a chunked layer (Llama 4) as a sliding layer of window = chunk size, whose slots are
+    book-kept like a window's).
     """
     types = getattr(text_config, "layer_types", None)
     window = getattr(text_config, "sliding_window", None)
@@ -56,7 +57,7 @@ def tree_masks(kinds: list[LayerKind], slot_pos, q_pos: torch.Tensor, q_allowed:
     """Additive float masks for Q new tokens over the stored slots.
 
     slot_pos: (B, S) positions of the stored slots, or a dict {window: (B, s)} beside key None for the full layers
-    (the fallback keeps sliding layers compacted); q_pos (B, Q) the new tokens' positions; q_allowed (B, Q, Q) bool,
+    (a ``DynamicCache`` keeps sliding layers compacted); q_pos (B, Q) the new tokens' positions; q_allowed (B, Q, Q) bool,
     which new tokens each may see (tree ancestry, or causal). ``write`` (Q,): the slots the new tokens are written
     to (fixed storage; their stored positions must be -1 until then), else they are appended after the S slots.
     Returns one (B, 1, Q, S or S+Q) tensor, or a dict by layer type when the model mixes kinds.
