@@ -116,6 +116,30 @@ def test_a_call_nested_in_a_running_one_is_refused():
                        model.generate(prompt(6), max_new_tokens=4, do_sample=False))  # the decoder is usable again
 
 
+def test_a_dropped_head_or_model_frees_its_decoder_at_once():
+    """The decoder lives on its head, weakly keyed by the model, and refers back to neither: dropping either frees
+    the cache and buffers at once, without waiting for the garbage collector's cycle search."""
+    import gc
+    import weakref
+
+    model = tiny_model("llama")
+    gc.disable()
+    try:
+        for drop in ("head", "model"):
+            target = model if drop == "head" else tiny_model("llama")
+            head = em.Eagle3Head.from_target(target)
+            em.speculative_generate(target, head, prompt(6), max_new_tokens=4)
+            dec = weakref.ref(em.decoder(target, head))
+            cache = weakref.ref(dec().storage.cache)
+            if drop == "head":
+                del head
+            else:
+                del target
+            assert dec() is None and cache() is None, drop
+    finally:
+        gc.enable()
+
+
 def test_default_call_takes_the_engine_on_cpu():
     model = tiny_model("llama")
     ids = prompt(8)

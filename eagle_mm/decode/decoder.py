@@ -70,8 +70,9 @@ class Decoder:
     """
 
     def __init__(self, model, head, device: torch.device):
-        self._model = weakref.ref(model)
-        self.head, self.device = head, device
+        # Both weakly: the head holds its decoders, which must not keep it (or its target) alive.
+        self._model, self._head = weakref.ref(model), weakref.ref(head)
+        self.device = device
         # Whether the device runs queued work behind the host (CUDA): the loop then launches the next draft before it
         # waits for the cycle's host read, so that the device drafts while the host commits.
         self.overlaps = device.type == "cuda"
@@ -89,6 +90,13 @@ class Decoder:
         if model is None:
             raise RuntimeError("this decoder's target model no longer exists")
         return model
+
+    @property
+    def head(self):
+        head = self._head()
+        if head is None:
+            raise RuntimeError("this decoder's draft head no longer exists")
+        return head
 
     @property
     def setup(self) -> float:
@@ -123,8 +131,9 @@ class Decoder:
             self.runner.reset()
             self._samplers.clear()
             self._capture = self.tree = self.sampler = self.generator = None
-            model = self._model()
-            per_device = vars(self.head).get(_TABLE, {}).get(model, {}) if model is not None else {}
+            model, head = self._model(), self._head()
+            table = vars(head).get(_TABLE, {}) if head is not None else {}
+            per_device = table.get(model, {}) if model is not None else {}
             if per_device.get(self.device) is self:
                 del per_device[self.device]
 

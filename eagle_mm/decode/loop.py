@@ -124,7 +124,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     # prefill keeps generate()'s own arithmetic (its first token and features are bit for bit generate()'s).
     eager_cpu = input_ids.device.type == "cpu" and mode is None
     with dec.running() as cap:
-        call = _Call(model, dec, cap, gen, logits_processor, reads_input_ids(logits_processor),
+        call = _Call(model, head, dec, cap, gen, logits_processor, reads_input_ids(logits_processor),
                      Stops.of(stopping_criteria), streamer, generator, stats, parts, parts.position_limit)
         setup0 = dec.setup
         t0 = time.perf_counter()
@@ -164,6 +164,7 @@ class _Call:
     """What the prefill and every cycle of one call read."""
 
     model: object
+    head: object
     dec: Decoder
     cap: FeatureCapture  # the decoder's, entered for the call
     gen: object  # generate()'s generation config
@@ -206,7 +207,7 @@ def _prompt_forward(call: _Call, input_ids, slot_pos, position_ids, images):
 
 def _prefill(call: _Call, input_ids, mask, position_ids, images) -> DecodeState:
     """The prompt's forward, the first token, and the head's entries for the prompt, into the decoder's buffers."""
-    head, gen, cap = call.dec.head, call.gen, call.cap
+    head, gen, cap = call.head, call.gen, call.cap
     slot_pos = position_ids.masked_fill(mask == 0, -1)  # (B, T)
     last_logits, feats, ids, slot_pos = _prompt_forward(call, input_ids, slot_pos, position_ids, images)  # T' >= T
     if head.hides_image_features(cap.parts):  # the stricter image ablation: zeros at the image positions
@@ -231,12 +232,13 @@ def _prefill(call: _Call, input_ids, mask, position_ids, images) -> DecodeState:
     return state
 
 
-def _draft(dec) -> None:
+def _draft(call: _Call) -> None:
     """Launch the draft of the next tree into the decoder's buffers."""
+    dec = call.dec
     buf, t = dec.storage.buf, dec.tree
     if dec.sampler is not None:
         draft_noise(buf.noise, dec.generator)  # outside the step: a user's torch.Generator cannot be captured
-    dec.runner.draft(dec.head, buf, dec.sampler, t.top_k, t.depth, t.total_tokens)
+    dec.runner.draft(call.head, buf, dec.sampler, t.top_k, t.depth, t.total_tokens)
 
 
 def _cycle(call: _Call, state: DecodeState) -> None:
@@ -254,7 +256,7 @@ def _cycle(call: _Call, state: DecodeState) -> None:
         _check_cache_room(call.parts, store.cur, t)
     t0 = time.perf_counter()
     if not state.drafted:  # else the previous cycle launched this cycle's draft ahead
-        _draft(dec)
+        _draft(call)
     t1 = time.perf_counter()
     buf = store.buf  # the tree (B, Q) is in the buffers
     positions = buf.q_pos if state.rope_offsets is None else verify_positions(buf.q_pos, state.rope_offsets)
@@ -273,11 +275,11 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     t2 = time.perf_counter()
     # Keep the path, extend the head and set the next root on the device, then start the cycle's one host read of
     # the accept lengths and new tokens.
-    host = store.read(run.update(dec.head, store.target, buf, feats, accept_len, path, bonus))  # (B, 1 + D+1)
+    host = store.read(run.update(call.head, store.target, buf, feats, accept_len, path, bonus))  # (B, 1 + D+1)
     t3 = time.perf_counter()
     state.drafted = dec.overlaps  # CUDA: the next draft runs on the device while the host commits
     if state.drafted:
-        _draft(dec)
+        _draft(call)
     t4 = time.perf_counter()
     if state.drafted:
         store.wait()  # for the copy only, not for the draft queued after it
