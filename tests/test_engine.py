@@ -130,22 +130,37 @@ def test_sampling_engine_equals_fallback(tree):
 
 
 def test_fallback_names_its_reason(caplog):
-    """A warper subclass would run inside the engine's draft step: the call falls back, with one logged line."""
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper
-
-    class MyTemperature(TemperatureLogitsWarper):
-        pass
-
+    """A target split over devices cannot run in the engine's one-device graphs: the call falls back, with one
+    logged line naming the devices."""
     model = tiny_model("llama")
+    model.hf_device_map = {"model": 0, "lm_head": 1}  # what accelerate records for a split model
     ids = prompt(8)
     head = em.Eagle3Head.from_target(model)
     with caplog.at_level(logging.WARNING, logger="eagle_mm.decode.options"):
-        out = em.speculative_generate(model, head, ids, max_new_tokens=8, do_sample=True, tree=TREE,
-                                      logits_processor=LogitsProcessorList([MyTemperature(0.5)]),
-                                      generator=torch.Generator().manual_seed(0), return_dict_in_generate=True)
+        out = em.speculative_generate(model, head, ids, max_new_tokens=8, tree=TREE, return_dict_in_generate=True)
     assert out.stats.engine == "dynamic"
     lines = [r.getMessage() for r in caplog.records if "fallback" in r.getMessage()]
-    assert len(lines) == 1 and "MyTemperature" in lines[0]
+    assert len(lines) == 1 and "split over devices ['0', '1']" in lines[0]
+
+
+def test_a_warper_subclass_runs_in_the_engine_as_generate_calls_it():
+    """A subclass of a transformers warper may treat rows differently: the engine runs it (and the draft leaves it
+    out of its proposal, which any distribution may be) as generate() calls it, row by row."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper
+
+    class MyTemperature(TemperatureLogitsWarper):
+        def __call__(self, input_ids, scores):  # and row b favours token 3 b + 5
+            favoured = 3 * torch.arange(scores.shape[0])[:, None] + 5
+            return (scores / self.temperature).scatter_add(1, favoured, torch.full_like(favoured, 40.0).float())
+
+    model = tiny_model("llama")
+    ids = prompt(8, batch=2)
+    head = em.Eagle3Head.from_target(model)
+    opts = dict(max_new_tokens=8, do_sample=True, top_k=1, logits_processor=LogitsProcessorList([MyTemperature(0.5)]))
+    out = em.speculative_generate(model, head, ids, tree=TREE, generator=torch.Generator().manual_seed(0),
+                                  return_dict_in_generate=True, **opts)
+    assert out.stats.engine == "fixed"
+    assert torch.equal(out.sequences, model.generate(ids, **opts))
 
 
 @pytest.mark.parametrize("kwargs, match", [

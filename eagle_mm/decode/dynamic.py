@@ -161,7 +161,7 @@ class DynamicStorage:
                             **{self._cache_kwarg: self.cache}, use_cache=True).logits
         return logits, cap.features()
 
-    def accept(self, tree: Tree, logits, q_nodes, processors, rows: list, depth: int, generator):
+    def accept(self, tree: Tree, logits, q_nodes, processors, rows, depth: int, generator):
         return accept(tree, logits, q_nodes, processors, rows, depth, generator)
 
     def update(self, tokens, q_pos, feats, accept_len, path, bonus) -> torch.Tensor:

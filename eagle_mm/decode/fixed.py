@@ -310,7 +310,7 @@ class FixedStorage:
         return _run(self._verify, self._undo_pointers(self.cur), self.model, cache, self.kinds, self._cache_kwarg,
                     cap, tree.tokens, q_pos, tree.parent, used, write, positions, self.tree.depth)
 
-    def accept(self, tree: Tree, logits, q_nodes, processors, rows: list, depth: int, generator):
+    def accept(self, tree: Tree, logits, q_nodes, processors, rows, depth: int, generator):
         """``accept.accept``; sampling with input-free warpers only, as ``accept_step`` (its noise drawn first, outside
         the step, from the call's generator), which the engine captures like its other steps."""
         if q_nodes is None or reads_input_ids(processors):

@@ -33,7 +33,7 @@ from .dynamic import DynamicStorage
 from .fixed import FixedStorage
 from .options import check_attention, check_generation_config, choose_storage, default_tree, pad_id, \
     resolve_tree, split_model_inputs
-from .processors import reads_input_ids, reads_tokens
+from .processors import CallRows, needs_call_batch, reads_input_ids, reads_tokens
 from .rows import plan
 from .skinny import skinny_linears
 from .state import DecodeState, SpeculativeOutput, SpeculativeStats
@@ -310,8 +310,8 @@ def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, ge
     t1 = time.perf_counter()
     # Verify: root + N nodes in one target forward with the tree mask, then the acceptance.
     logits, feats = store.verify(cap, tree, q_pos, verify_positions(q_pos, state.rope_offsets))  # (B, N+1, V|F)
-    accept_len, path, bonus, scores = store.accept(tree, logits, q_nodes, processors, _rows(processors, state), D,
-                                                   generator)
+    rows = _rows(processors, state, pad_id(gen))
+    accept_len, path, bonus, scores = store.accept(tree, logits, q_nodes, processors, rows, D, generator)
     kept = _kept_rows(state, path, logits, scores)  # before the next verify reuses the logits' memory
     # Keep the path, extend the head and set the next root on the device, then the cycle's one host read of the
     # accept lengths and new tokens (the engine queues the next draft behind it on CUDA).
@@ -327,14 +327,17 @@ def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, ge
     stats.time_other += t3 - t2
 
 
-def _rows(processors, state: DecodeState) -> list:
-    """What the processors read of each storage row: its sequence (B' tensors) if one reads tokens, its length
-    (B' ints) if one reads only that (min-length processors: no per-row tensors each cycle), else nothing."""
+def _rows(processors, state: DecodeState, pad: int) -> CallRows | None:
+    """What the processors read of the call's rows (``CallRows``): the sequences of the rows in the storage (or
+    only their lengths when no processor reads tokens: min-length processors need no per-row tensors each cycle),
+    of every row when a processor may read the row index (``needs_call_batch``); None when none reads them."""
     if not reads_input_ids(processors):
-        return []
-    if reads_tokens(processors):
-        return [state.row(b) for b in state.slots]
-    return [len(state.prompt[b]) + len(state.generated[b]) for b in state.slots]
+        return None
+    seqs: list = [None] * len(state.prompt)
+    rows = range(len(seqs)) if needs_call_batch(processors) else state.slots
+    for b in rows:
+        seqs[b] = state.row(b) if reads_tokens(processors) else len(state.prompt[b]) + len(state.generated[b])
+    return CallRows(seqs, state.slots, pad)
 
 
 def _count(stats: SpeculativeStats, acc: list[int], finished: list[bool], n_draft: int) -> None:
