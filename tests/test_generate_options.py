@@ -214,3 +214,22 @@ def test_output_logits_and_scores_equal_generate(storage):
     for ours, theirs in zip(out.logits + out.scores, ref.logits + ref.scores):
         torch.testing.assert_close(ours, theirs.float(), rtol=1e-4, atol=1e-4)
     assert not all(torch.equal(a, b) for a, b in zip(out.logits, out.scores))  # the penalty changed the scores
+
+
+@pytest.mark.parametrize("storage", [None, "dynamic"], ids=["engine", "fallback"])
+def test_repetition_penalty_with_left_padding_equals_generate(storage, monkeypatch):
+    """generate() gives the repetition penalty each row's padding length (a (B,) tensor) so that the pad tokens are
+    not penalized; each row's nodes see their own row's, batched per row (not the one-node-per-row path)."""
+    from eagle_mm.decode import processors
+
+    monkeypatch.setattr(processors, "_exact", lambda *a: pytest.fail("a row-wise penalty took the exact path"))
+    model = tiny_model("llama")
+    ids, mask = prompt(9, batch=3), torch.ones(3, 9, dtype=torch.long)
+    for b, pad in enumerate((4, 0, 2)):
+        ids[b, :pad], mask[b, :pad] = 0, 0
+    opts = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, repetition_penalty=1.4)
+    ref = model.generate(ids, **opts)
+    head = em.Eagle3Head.from_target(model)
+    for tree in (CHAIN, em.TreeConfig(depth=3, top_k=3, total_tokens=8)):
+        out = em.speculative_generate(model, head, ids, tree=tree, cache_implementation=storage, **opts)
+        assert torch.equal(out, ref), tree

@@ -12,9 +12,11 @@ the call's rows where row b holds one node of call row b, the others their own s
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
+from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
 
 __all__ = ["CallRows", "process_tree_logits", "apply_input_free", "reads_input_ids", "reads_tokens", "node_paths",
@@ -32,8 +34,8 @@ INPUT_FREE = _named("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWa
 # Processors that read only the sequence's length: applied to all nodes at once from each node's length.
 LENGTH_ONLY = _named("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor")
 
-# Processors that read a row's tokens and compute each row from them alone, with no state indexed by row (a
-# repetition penalty's per-row prompt length is the exception ``_row_wise`` tells apart).
+# Processors that read a row's tokens and compute each row from them alone, with no state indexed by row (but a
+# repetition penalty's per-row prompt length, which ``_for_row`` turns into the row's own).
 ROW_WISE = _named("RepetitionPenaltyLogitsProcessor", "NoRepeatNGramLogitsProcessor", "SequenceBiasLogitsProcessor",
                   "NoBadWordsLogitsProcessor", "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor",
                   "ExponentialDecayLengthPenalty", "SuppressTokensAtBeginLogitsProcessor")
@@ -58,8 +60,24 @@ class CallRows:
 
 
 def _row_wise(p) -> bool:
-    pil = getattr(p, "prompt_ignore_length", None)
-    return type(p) in INPUT_FREE + LENGTH_ONLY + ROW_WISE and not isinstance(pil, torch.Tensor)
+    return type(p) in INPUT_FREE + LENGTH_ONLY + ROW_WISE
+
+
+def _for_row(processors, b: int, batch: int):
+    """The processors as call row b of ``batch`` alone sees them. ``generate`` gives a left-padded batch's repetition penalty each
+    row's padding length as a (B,) tensor (``prompt_ignore_length``), whose pad tokens it then leaves unpenalized;
+    row b's copy cuts its own padding off instead, which leaves the same tokens unpenalized. A tensor of another
+    batch size is left as it is: the penalty then refuses it as it does in ``generate``."""
+    pil = [getattr(p, "prompt_ignore_length", None) for p in processors]
+    if not any(isinstance(t, torch.Tensor) and t.shape == (batch,) for t in pil):
+        return processors
+    out = LogitsProcessorList()
+    for p, t in zip(processors, pil):
+        if type(p) is lp.RepetitionPenaltyLogitsProcessor and isinstance(t, torch.Tensor) and t.shape == (batch,):
+            p = copy.copy(p)
+            p.prompt_ignore_length = int(t[b])
+        out.append(p)
+    return out
 
 
 def needs_call_batch(processors) -> bool:
@@ -139,14 +157,15 @@ def process_tree_logits(processors, rows: CallRows, tree, logits: torch.Tensor, 
     if needs_call_batch(processors):
         return _exact(processors, rows, paths, depth, scores)
     out = torch.empty_like(scores)
-    for i, seq in enumerate(rows.storage()):
+    for i, (b, seq) in enumerate(zip(rows.slots, rows.storage())):
+        row_processors = _for_row(processors, b, len(rows.seqs))
         for d in range(int(depth[i].max()) + 1):
             nodes = (depth[i] == d).nonzero().flatten().to(scores.device)
             if nodes.numel() == 0:
                 continue
             prefix = seq.to(scores.device).expand(nodes.numel(), -1)
             seqs = torch.cat((prefix, paths[i, nodes, 1: d + 1]), dim=1)  # (n_d, L_i + d)
-            out[i, nodes] = processors(seqs, scores[i, nodes])
+            out[i, nodes] = row_processors(seqs, scores[i, nodes])
     return out
 
 
