@@ -157,10 +157,11 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     sampler = DraftSampler.from_processors(logits_processor, head, generator, tree.top_k) if gen.do_sample else None
     stats = SpeculativeStats(accept_counts=[0] * tree.depth, tree=tree, autotree=autotree, engine=kind, mode=mode)
     lock = _model_lock(model) if kind == "fixed" else contextlib.nullcontext()
-    # Eager cycles on a CPU: few-row linears as W @ x^T (skinny.py); a compiler chooses its own kernels, and the
-    # prefill keeps generate()'s own arithmetic (its first token and features are bit for bit generate()'s).
+    # Eager cycles on a CPU: the forwards' few-row linears as W @ x^T, in this thread only (skinny.py); a compiler
+    # chooses its own kernels, and the prefill keeps generate()'s own arithmetic (its first token and features are
+    # bit for bit generate()'s).
     eager_cpu = input_ids.device.type == "cpu" and (kind == "dynamic" or mode is None)
-    linears = skinny_linears(model, head) if eager_cpu else contextlib.nullcontext()
+    linears = skinny_linears() if eager_cpu else contextlib.nullcontext()
     with lock, FeatureCapture(parts, head.feature_layers(parts.num_layers),
                               input_embeds=head.reads_images(parts)) as cap:
         if kind == "fixed":
@@ -174,15 +175,14 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
                          generator)
         _commit(state, state.first[:, None].tolist(), stopping_criteria, streamer)
         stats.time_prefill += time.perf_counter() - t0
-        with linears:
-            while not all(state.finished):
-                keep = plan(state.slots, state.finished, store.pow2) if store.compacts else None
-                if keep is not None:  # finished rows stop costing: the storage goes on with the others
-                    store.compact(keep)
-                    state.keep(keep)
-                _check_cache_room(parts, store.cur, tree)
-                _cycle(model, head, cap, store, state, tree, gen, logits_processor, stopping_criteria, streamer,
-                       sampler, generator, stats)
+        while not all(state.finished):
+            keep = plan(state.slots, state.finished, store.pow2) if store.compacts else None
+            if keep is not None:  # finished rows stop costing: the storage goes on with the others
+                store.compact(keep)
+                state.keep(keep)
+            _check_cache_room(parts, store.cur, tree)
+            _cycle(model, head, cap, store, state, tree, gen, logits_processor, stopping_criteria, streamer,
+                   sampler, generator, stats, linears)
         stats.time_compile = store.setup - setup0
     if streamer is not None:
         streamer.end()
@@ -303,19 +303,25 @@ def _commit(state: DecodeState, new_tokens: list[list[int]], criteria, streamer,
 
 
 def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, gen, processors, criteria, streamer,
-           sampler, generator, stats: SpeculativeStats) -> None:
+           sampler, generator, stats: SpeculativeStats, linears) -> None:
+    """One cycle. ``linears``: the context the verify and the update run in (``skinny_linears``, or none): their
+    forwards take Q and D+1 rows; every torch call costs a few microseconds more there, so the draft (on a CPU
+    mostly one row per level) and the host's bookkeeping run outside it."""
     D = tree_cfg.depth
     t0 = time.perf_counter()
     tree, q_pos, q_nodes = store.draft()  # (B, N+1) each; q_nodes (B, N+1, V) when sampling
     t1 = time.perf_counter()
     # Verify: root + N nodes in one target forward with the tree mask, then the acceptance.
-    logits, feats = store.verify(cap, tree, q_pos, verify_positions(q_pos, state.rope_offsets))  # (B, N+1, V|F)
+    with linears:
+        logits, feats = store.verify(cap, tree, q_pos, verify_positions(q_pos, state.rope_offsets))  # (B, N+1, V|F)
     rows = _rows(processors, state, pad_id(gen))
     accept_len, path, bonus, scores = store.accept(tree, logits, q_nodes, processors, rows, D, generator)
     kept = _kept_rows(state, path, logits, scores)  # before the next verify reuses the logits' memory
     # Keep the path, extend the head and set the next root on the device, then the cycle's one host read of the
     # accept lengths and new tokens (the engine queues the next draft behind it on CUDA).
-    host = store.read(store.update(tree.tokens, q_pos, feats, accept_len, path, bonus))  # (B, 1 + D+1)
+    with linears:
+        packed = store.update(tree.tokens, q_pos, feats, accept_len, path, bonus)
+    host = store.read(packed)  # (B, 1 + D+1)
     t2 = time.perf_counter()
     acc = host[:, 0].tolist()  # per storage row
     _count(stats, acc, [state.finished[b] for b in state.slots], tree.size - 1)
