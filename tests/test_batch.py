@@ -158,7 +158,8 @@ def test_row_aware_processors_equal_generate_as_rows_finish(storage, do_sample):
     try:
         out = em.speculative_generate(model, head, ids, **{**opts, "do_sample": do_sample},
                                       top_k=1 if do_sample else None, cache_implementation=storage,
-                                      tree=em.TreeConfig(depth=3, top_k=2, total_tokens=5), return_dict_in_generate=True)
+                                      tree=em.TreeConfig(depth=3, top_k=2, total_tokens=5),
+                                      return_dict_in_generate=True)
     finally:
         hook.remove()
     assert torch.equal(out.sequences, ref)

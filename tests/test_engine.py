@@ -77,10 +77,10 @@ def test_static_reuses_cache_between_calls():
     ids = prompt(8)
     head, ref = _forced(model, ids, torch.ones_like(ids), 12)
     first = _run(model, head, ids, None, 12, TREE)
-    cache, pos, buf = _CACHES[model].cache, _CACHES[model].pos, _BUFFERS[head][1]
+    cache, pos, buf = _CACHES[model].cache, _CACHES[model].pos, _BUFFERS[_bound(model, head)][1]
     second = _run(model, head, ids, None, 12, TREE)
     shorter = _run(model, head, ids[:, 2:], None, 6, TREE)  # fits: reused too
-    assert _CACHES[model].cache is cache and _CACHES[model].pos is pos and _BUFFERS[head][1] is buf
+    assert _CACHES[model].cache is cache and _CACHES[model].pos is pos and _BUFFERS[_bound(model, head)][1] is buf
     assert torch.equal(first.sequences, second.sequences)
     assert torch.equal(first.sequences, ref[:, : first.sequences.shape[1]])
     assert torch.equal(shorter.sequences, model.generate(ids[:, 2:], max_new_tokens=6, do_sample=False))
@@ -195,12 +195,21 @@ def test_layer_kinds_of_the_engine():
         layer_kinds(cfg, n)
 
 
+def _bound(model, head):
+    """The copy of ``head`` the engine decodes with on ``model`` (``decode.bound``), which its buffers and graphs
+    are kept on."""
+    from eagle_mm.decode.bound import bound_head
+
+    return bound_head(model, head, model.get_input_embeddings().weight.dtype)
+
+
 def _compiled_steps(model, head) -> list:
     """The engine's compiled steps (``compiled.DiskCompiled``) for this model and head."""
     from eagle_mm.decode.compiled import DiskCompiled
     from eagle_mm.decode.graphs import _WRAPPED
 
-    steps = [getattr(f, "inner", f) for owner in (model, head) for f in _WRAPPED.get(owner, {}).values()]
+    steps = [getattr(f, "inner", f) for owner in (model, _bound(model, head))
+             for f in _WRAPPED.get(owner, {}).values()]
     return [f for f in steps if isinstance(f, DiskCompiled)]
 
 
@@ -307,11 +316,11 @@ def test_graphs_equal_eager_cuda(tree, compile):
     eager = _run(model, head, ids, mask, 32, tree, cache_implementation="static", compile=False)
     first = _run(model, head, ids, mask, 32, tree, compile=compile)
     assert first.stats.mode == ("graphs" if compile is None else "reduce-overhead")
-    captures = sum(f.captures for table in (_WRAPPED[model], _WRAPPED[head])
+    captures = sum(f.captures for table in (_WRAPPED[model], _WRAPPED[_bound(model, head)])
                    for f in table.values() if hasattr(f, "captures"))
     with torch._dynamo.config.patch(error_on_recompile=True):
         second = _run(model, head, ids, mask, 32, tree, compile=compile)
-    after = sum(f.captures for table in (_WRAPPED[model], _WRAPPED[head])
+    after = sum(f.captures for table in (_WRAPPED[model], _WRAPPED[_bound(model, head)])
                 for f in table.values() if hasattr(f, "captures"))
     assert after == captures and second.stats.time_compile == 0
     for out in (first, second):
@@ -352,7 +361,7 @@ def test_graphs_drop_finished_rows_cuda():
     head = em.Eagle3Head.from_target(model).cuda()
 
     def captures():
-        return sum(f.captures for table in (_WRAPPED[model], _WRAPPED[head]) for f in table.values()
+        return sum(f.captures for table in (_WRAPPED[model], _WRAPPED[_bound(model, head)]) for f in table.values()
                    if hasattr(f, "captures"))
 
     kw = dict(attention_mask=mask, max_new_tokens=30, tree=TREE, return_dict_in_generate=True)
@@ -387,10 +396,11 @@ def test_graphs_sampled_batch_cuda():
     model.generation_config.eos_token_id = eos
     eager = run(cache_implementation="static", compile=False)
     first = run()
-    captures = sum(f.captures for f in _WRAPPED[head].values() if hasattr(f, "captures"))
+    steps = _WRAPPED[_bound(model, head)]
+    captures = sum(f.captures for f in steps.values() if hasattr(f, "captures"))
     second = run()
-    assert first.stats.mode == "graphs" and ("accept", "graphs") in _WRAPPED[head]
-    assert sum(f.captures for f in _WRAPPED[head].values() if hasattr(f, "captures")) == captures
+    assert first.stats.mode == "graphs" and ("accept", "graphs") in steps
+    assert sum(f.captures for f in steps.values() if hasattr(f, "captures")) == captures
     for out in (first, second):
         assert torch.equal(out.sequences, eager.sequences)
     assert int((eager.sequences[0, ids.shape[1]:] == eos).sum()) >= 1  # row 0 did stop

@@ -29,6 +29,7 @@ from ..target.features import FeatureCapture
 from ..target.multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
     verify_positions
 from .draft import DraftSampler, extend_head
+from .bound import bound_head
 from .dynamic import DynamicStorage
 from .fixed import FixedStorage
 from .options import check_attention, check_generation_config, choose_storage, default_tree, pad_id, \
@@ -43,7 +44,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["speculative_generate", "custom_generate"]
 
-# The engine keeps one target cache per model and one set of buffers per head: calls on one model take turns.
+# The engine keeps one target cache per model, and its buffers and graphs per (model, head) (on the head's bound
+# copy, bound.py): calls on one model take turns.
 _LOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
 
@@ -141,6 +143,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     parts = resolve_target(model)
     mask, position_ids, extra = split_model_inputs(input_ids, model_kwargs, PREFILL_INPUTS if parts.is_vlm else ())
     images = image_prompt(parts, model.config, input_ids, extra) if parts.is_vlm else None
+    head = bound_head(model, head, parts.embed.weight.dtype)  # the caller's head is never changed
     tree, autotree = resolve_tree(tree), None
     if tree == "auto":
         tree, autotree = _auto_tree(model, head, input_ids, mask, images, autotree_inputs)
@@ -148,7 +151,6 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         tree = default_tree(input_ids.device, input_ids.shape[0], sampled=gen.do_sample)
     tree = bound_tree(tree, gen.max_length - input_ids.shape[1])  # no deeper than what can be committed
     _check_cache_room(parts, gen.max_length - 1, tree)  # the last verify is over at most max_length - 2 slots
-    head.attach(model)
     vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size
     if tree.top_k > vd:
         raise ValueError(f"tree top_k={tree.top_k} exceeds the head's draft vocabulary of {vd} tokens")

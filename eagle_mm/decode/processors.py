@@ -64,10 +64,10 @@ def _row_wise(p) -> bool:
 
 
 def _for_row(processors, b: int, batch: int):
-    """The processors as call row b of ``batch`` alone sees them. ``generate`` gives a left-padded batch's repetition penalty each
-    row's padding length as a (B,) tensor (``prompt_ignore_length``), whose pad tokens it then leaves unpenalized;
-    row b's copy cuts its own padding off instead, which leaves the same tokens unpenalized. A tensor of another
-    batch size is left as it is: the penalty then refuses it as it does in ``generate``."""
+    """The processors as call row b of ``batch`` alone sees them. ``generate`` gives a left-padded batch's repetition
+    penalty each row's padding length as a (B,) tensor (``prompt_ignore_length``), whose pad tokens it then leaves
+    unpenalized; row b's copy cuts its own padding off instead, which leaves the same tokens unpenalized. A tensor
+    of another batch size is left as it is: the penalty then refuses it as it does in ``generate``."""
     pil = [getattr(p, "prompt_ignore_length", None) for p in processors]
     if not any(isinstance(t, torch.Tensor) and t.shape == (batch,) for t in pil):
         return processors
