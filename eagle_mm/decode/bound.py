@@ -21,10 +21,11 @@ from torch import nn
 
 from ..heads.base import DraftHead
 
-__all__ = ["bound_head"]
+__all__ = ["bound_head", "forget"]
 
 _GUARD = threading.Lock()
 _BOUND: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {head: (stamp, bound copy)}
+_AS_IS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> WeakSet of heads used as they are
 
 
 def bound_head(model, head, dtype: torch.dtype):
@@ -32,6 +33,8 @@ def bound_head(model, head, dtype: torch.dtype):
     A head that is already such a copy for ``model`` (``tree="auto"`` decodes with it) is returned as it is; an
     object that only behaves like a head (a wrapper around one) is attached and used as it is, its state its own."""
     if not isinstance(head, DraftHead):
+        with _GUARD:
+            _AS_IS.setdefault(model, weakref.WeakSet()).add(head)
         head.attach(model)
         return head
     params = list(head.parameters())
@@ -61,3 +64,17 @@ def _cast_copy(head, dtype: torch.dtype):
     clone = copy.deepcopy(head, memo)
     clone.to(dtype)  # the floating-point buffers, as Module.to casts them (a head keeps its rotary table fp32)
     return clone
+
+
+def forget(model, head=None) -> list:
+    """Drop the copies kept for ``model`` (of ``head`` only, if given); returns them and the heads used as they are
+    (what the engine's state is keyed on)."""
+    with _GUARD:
+        table, as_is = _BOUND.get(model, {}), _AS_IS.get(model, weakref.WeakSet())
+        if head is None:
+            _BOUND.pop(model, None)
+            _AS_IS.pop(model, None)
+            return [bound for _, bound in table.values()] + list(as_is)
+        entry = table.pop(head, None)
+        as_is.discard(head)
+        return ([] if entry is None else [entry[1]]) + ([head] if not isinstance(head, DraftHead) else [])

@@ -192,5 +192,8 @@ class DynamicStorage:
         self.root, self.root_pos, self.root_out, self.root_logits = (
             t[idx] for t in (self.root, self.root_pos, self.root_out, self.root_logits))
 
+    def reserve(self) -> None:
+        """Nothing to do: the cache grows in ``update``."""
+
     def advance(self, n: int) -> None:
         """Nothing to move: the cache grew in ``update``."""

@@ -29,8 +29,9 @@ from ..target.features import FeatureCapture
 from ..target.multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
     verify_positions
 from .draft import DraftSampler, extend_head
-from .bound import bound_head
+from .bound import bound_head, forget
 from .dynamic import DynamicStorage
+from . import fixed, graphs
 from .fixed import FixedStorage
 from .options import check_attention, check_generation_config, choose_storage, default_tree, pad_id, \
     resolve_tree, split_model_inputs
@@ -42,7 +43,7 @@ from .stopping import first_stop
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["speculative_generate", "custom_generate"]
+__all__ = ["speculative_generate", "custom_generate", "release"]
 
 # The engine keeps one target cache per model, and its buffers and graphs per (model, head) (on the head's bound
 # copy, bound.py): calls on one model take turns.
@@ -182,6 +183,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
             if keep is not None:  # finished rows stop costing: the storage goes on with the others
                 store.compact(keep)
                 state.keep(keep)
+            store.reserve()  # the engine's cache grows as the rows commit tokens
             _check_cache_room(parts, store.cur, tree)
             _cycle(model, head, cap, store, state, tree, gen, logits_processor, stopping_criteria, streamer,
                    sampler, generator, stats, linears)
@@ -200,6 +202,20 @@ def _per_step(rows: list[list[torch.Tensor]] | None):
         return None
     width = max(len(r) for r in rows)
     return tuple(torch.stack([r[min(i, len(r) - 1)] for r in rows]) for i in range(width))
+
+
+def release(model, head=None) -> None:
+    """Free what the engine keeps for ``model`` between calls: its KV cache and captured graphs, and the draft
+    buffers, graphs and dtype copies of ``head`` (of every head used with ``model`` when None). Waits for a call on
+    ``model`` to finish. The memory goes back to PyTorch's allocator (``torch.cuda.empty_cache()`` hands it to the
+    driver); the next call allocates and captures again. A call also frees the kept cache itself when it can use
+    fewer slots than that cache holds."""
+    with _model_lock(model):
+        for bound in forget(model, head):
+            fixed._BUFFERS.pop(bound, None)
+            graphs._WRAPPED.pop(bound, None)
+        fixed._CACHES.pop(model, None)
+        graphs._WRAPPED.pop(model, None)
 
 
 def _model_lock(model) -> threading.RLock:
