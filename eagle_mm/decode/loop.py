@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 import weakref
@@ -74,6 +75,11 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | dict | 
     """
     if "custom_generate" in kwargs:
         raise ValueError("speculative_generate sets custom_generate itself; do not pass it")
+    if kwargs.get("assistant_model") is not None:  # generate() would not pass it on: refused here, by name
+        raise ValueError(f"assistant_model={type(kwargs['assistant_model']).__name__} is not supported: "
+                         f"speculative_generate drafts with the head; drop assistant_model (model.generate("
+                         f"assistant_model=...) runs transformers' assisted generation)")
+    _check_head(head)
     ids = inputs if inputs is not None else kwargs.get("input_ids")
     check_attention(model)
     parts = resolve_target(model)
@@ -104,11 +110,23 @@ def _stop_strings_to_criteria(model, kwargs: dict) -> None:
     kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
 
 
+def _check_head(head) -> None:
+    if head is None:
+        raise ValueError("custom_generate needs a draft head: model.generate(..., custom_generate=..., head=head)")
+    if not (callable(getattr(head, "attach", None)) and callable(getattr(head, "step", None))):
+        raise TypeError(f"head must be an EagleHead/Eagle3Head, got {type(head).__name__}: load a draft head with "
+                        f"eagle_mm.load_head(path, target=model) (or make one with Eagle3Head.from_target(model))")
+
+
 def _check_prompt(ids, mask, vocab_size: int) -> None:
     """Fail early with the shapes and values, before generate() fails deep inside with an index error."""
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or 0 in ids.shape:
         got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"input_ids must be a non-empty (batch, length) tensor, got {got}")
+    for name, t in (("input_ids", ids), ("attention_mask", mask)):
+        if isinstance(t, torch.Tensor) and t.is_meta:
+            raise ValueError(f"{name} is on the meta device, which holds no data: pass a tensor of real values, on "
+                             f"the model's device")
     if ids.is_floating_point() or ids.dtype == torch.bool:
         raise ValueError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
     low, high = int(ids.min()), int(ids.max())
@@ -134,8 +152,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     if eagle_streamer is not None:
         streamer = eagle_streamer
         streamer.put(input_ids.cpu())
-    if head is None:
-        raise ValueError("custom_generate needs a draft head: model.generate(..., custom_generate=..., head=head)")
+    _check_head(head)
     if synced_gpus:
         raise ValueError("synced_gpus=True is not supported by speculative decoding")
     gen = generation_config
@@ -150,8 +167,10 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         tree, autotree = _auto_tree(model, head, input_ids, mask, images, autotree_inputs)
     elif tree is None:
         tree = default_tree(input_ids.device, input_ids.shape[0], sampled=gen.do_sample)
-    tree = bound_tree(tree, gen.max_length - input_ids.shape[1])  # no deeper than what can be committed
-    _check_cache_room(parts, gen.max_length - 1, tree)  # the last verify is over at most max_length - 2 slots
+    # generate() takes a fractional max_new_tokens (max_length) and stops at the first length past it.
+    max_length = math.ceil(gen.max_length)
+    tree = bound_tree(tree, max_length - input_ids.shape[1])  # no deeper than what can be committed
+    _check_cache_room(parts, max_length - 1, tree)  # the last verify is over at most max_length - 2 slots
     vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size
     if tree.top_k > vd:
         raise ValueError(f"tree top_k={tree.top_k} exceeds the head's draft vocabulary of {vd} tokens")
@@ -169,7 +188,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
                               input_embeds=head.reads_images(parts)) as cap:
         if kind == "fixed":
             store = FixedStorage(model, head, kinds, tree, input_ids.shape[0], input_ids.shape[1],
-                                 gen.max_length, mode, sampler)
+                                 max_length, mode, sampler)
         else:
             store = DynamicStorage(model, head, parts, tree, sampler)
         setup0 = store.setup
