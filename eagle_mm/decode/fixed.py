@@ -95,15 +95,17 @@ _CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _BUFFERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _target_cache(model, batch: int, length: int, limit: int, n: int) -> _TargetCache:
+def _target_cache(model, batch: int, length: int, limit: int | None, n: int) -> _TargetCache:
     """An n-layer static cache of ``length`` slots, or the model's previous one if it holds ``length`` to ``limit``
-    slots (the call's most): calls of one shape then replay the same graphs, and a call that can use fewer slots
-    than the previous one holds does not keep it (it is freed here)."""
+    slots (the call's most; None: any more): calls of one shape then replay the same graphs, and a call that can
+    use fewer slots than the previous one holds does not keep it (it is freed here). Compiled steps pass None: a
+    new length would be a new compile."""
     from transformers.cache_utils import Cache, StaticLayer
 
     entry = _CACHES.get(model)
-    if (entry is None or len(entry.cache.layers) != n or entry.batch != batch
-            or not length <= entry.cache.layers[0].max_cache_len <= limit):
+    kept = entry.cache.layers[0].max_cache_len if entry is not None else 0
+    if (entry is None or len(entry.cache.layers) != n or entry.batch != batch or kept < length
+            or (limit is not None and kept > limit)):
         _CACHES.pop(model, None)  # the old cache goes before the new one is allocated
         entry = _TargetCache(batch, Cache(layers=[StaticLayer(max_cache_len=length) for _ in range(n)]))
         _CACHES[model] = entry  # one live cache per model: a new shape frees the old one
@@ -180,7 +182,7 @@ class FixedStorage:
     (``first_length``) and ``reserve`` doubles it before a cycle that would not fit, up to the call's most
     (``cache_length``), so that a call stopping early holds what it used. Each length is a new set of addresses
     (its graphs are captured once, and kept for the next call of that length). Compiled runs allocate the most up
-    front: every new length would be a new inductor compile.
+    front, and go on with a longer kept cache: every new length would be a new inductor compile.
     """
 
     def __init__(self, model, head, kinds: list[LayerKind], tree, batch: int, prompt_len: int, max_length: int,
@@ -196,7 +198,7 @@ class FixedStorage:
         self.compacts, self.pow2 = mode in (None, "graphs"), mode == "graphs"
         self.grows = mode in (None, "graphs")
         length = first_length(prompt_slots, self.limit, q_len, tree.depth) if self.grows else self.limit
-        self._entry = _target_cache(model, batch, length, self.limit, len(kinds))
+        self._entry = _target_cache(model, batch, length, self.limit if self.grows else None, len(kinds))
         self.cache = self._entry.cache
         self.length = self.cache.layers[0].max_cache_len
         self.cur = 0
@@ -312,7 +314,7 @@ class FixedStorage:
     def reserve(self) -> None:
         """Room for the next cycle's tree at ``cur``: a growing cache doubles first (at most to the call's most)."""
         need = self.cur + self.tree.total_tokens + 1
-        if need > self.length and self.grows:
+        if need > self.length and self.grows and self.length < self.limit:
             self.grow(min(max(2 * self.length, _rounded(need)), self.limit))
 
     def grow(self, length: int) -> None:

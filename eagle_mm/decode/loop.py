@@ -29,10 +29,10 @@ from ..config import TreeConfig, bound_tree
 from ..target.features import FeatureCapture
 from ..target.multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
     verify_positions
-from .draft import DraftSampler, extend_head
-from .bound import bound_head, forget
-from .dynamic import DynamicStorage
 from . import fixed, graphs
+from .bound import bound_head, forget
+from .draft import DraftSampler, extend_head
+from .dynamic import DynamicStorage
 from .fixed import FixedStorage
 from .options import check_attention, check_generation_config, choose_storage, default_tree, pad_id, \
     resolve_tree, split_model_inputs
@@ -112,7 +112,8 @@ def _stop_strings_to_criteria(model, kwargs: dict) -> None:
 
 def _check_head(head) -> None:
     if head is None:
-        raise ValueError("custom_generate needs a draft head: model.generate(..., custom_generate=..., head=head)")
+        raise ValueError("no draft head given: speculative_generate(model, head, ...), or model.generate(..., "
+                         "custom_generate=eagle_mm.custom_generate, head=head)")
     if not (callable(getattr(head, "attach", None)) and callable(getattr(head, "step", None))):
         raise TypeError(f"head must be an EagleHead/Eagle3Head, got {type(head).__name__}: load a draft head with "
                         f"eagle_mm.load_head(path, target=model) (or make one with Eagle3Head.from_target(model))")
