@@ -19,8 +19,8 @@ import torch
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
 
-__all__ = ["CallRows", "process_tree_logits", "apply_input_free", "reads_input_ids", "reads_tokens", "node_paths",
-           "INPUT_FREE"]
+__all__ = ["CallRows", "process_tree_logits", "apply_input_free", "reads_input_ids", "reads_tokens", "needs_call_batch",
+           "node_paths", "INPUT_FREE"]
 
 
 def _named(*names: str) -> tuple:
