@@ -21,6 +21,7 @@ _CHILD = """
 import json, sys, torch
 import eagle_mm as em
 from eagle_mm.decode import steps as step_module
+from eagle_mm.decode.bound import bound_head
 from eagle_mm.decode.graphs import _WRAPPED
 from tests.tiny import prompt, tiny_model
 def module_names():  # names dynamo adds to a traced function's module while tracing (numbered per process)
@@ -32,7 +33,7 @@ for name, seed in json.loads(sys.argv[1]):
     out = em.speculative_generate(model, head, prompt(8), max_new_tokens=6, compile="default",
                                   tree=em.TreeConfig.chain(2), return_dict_in_generate=True)
     ref = model.generate(prompt(8), max_new_tokens=6, do_sample=False)
-    steps = [f for owner in (model, head) for f in _WRAPPED[owner].values()]
+    steps = [f for owner in (model, bound_head(model, head, model.dtype)) for f in _WRAPPED[owner].values()]
     result[name] = {"equal": torch.equal(out.sequences, ref), "loaded": sum(f.loaded for f in steps),
                     "compiled": sum(f.compiled for f in steps)}
 result["module_unchanged"] = module_names() == imported

@@ -77,10 +77,10 @@ def test_static_reuses_cache_between_calls():
     ids = prompt(8)
     head, ref = _forced(model, ids, torch.ones_like(ids), 12)
     first = _run(model, head, ids, None, 12, TREE)
-    cache, pos, buf = _CACHES[model].cache, _CACHES[model].pos, _BUFFERS[head][1]
+    cache, pos, buf = _CACHES[model].cache, _CACHES[model].pos, _BUFFERS[_bound(model, head)][1]
     second = _run(model, head, ids, None, 12, TREE)
     shorter = _run(model, head, ids[:, 2:], None, 6, TREE)  # fits: reused too
-    assert _CACHES[model].cache is cache and _CACHES[model].pos is pos and _BUFFERS[head][1] is buf
+    assert _CACHES[model].cache is cache and _CACHES[model].pos is pos and _BUFFERS[_bound(model, head)][1] is buf
     assert torch.equal(first.sequences, second.sequences)
     assert torch.equal(first.sequences, ref[:, : first.sequences.shape[1]])
     assert torch.equal(shorter.sequences, model.generate(ids[:, 2:], max_new_tokens=6, do_sample=False))
@@ -130,22 +130,37 @@ def test_sampling_engine_equals_fallback(tree):
 
 
 def test_fallback_names_its_reason(caplog):
-    """A warper subclass would run inside the engine's draft step: the call falls back, with one logged line."""
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper
-
-    class MyTemperature(TemperatureLogitsWarper):
-        pass
-
+    """A target split over devices cannot run in the engine's one-device graphs: the call falls back, with one
+    logged line naming the devices."""
     model = tiny_model("llama")
+    model.hf_device_map = {"model": 0, "lm_head": 1}  # what accelerate records for a split model
     ids = prompt(8)
     head = em.Eagle3Head.from_target(model)
     with caplog.at_level(logging.WARNING, logger="eagle_mm.decode.options"):
-        out = em.speculative_generate(model, head, ids, max_new_tokens=8, do_sample=True, tree=TREE,
-                                      logits_processor=LogitsProcessorList([MyTemperature(0.5)]),
-                                      generator=torch.Generator().manual_seed(0), return_dict_in_generate=True)
+        out = em.speculative_generate(model, head, ids, max_new_tokens=8, tree=TREE, return_dict_in_generate=True)
     assert out.stats.engine == "dynamic"
     lines = [r.getMessage() for r in caplog.records if "fallback" in r.getMessage()]
-    assert len(lines) == 1 and "MyTemperature" in lines[0]
+    assert len(lines) == 1 and "split over devices ['0', '1']" in lines[0]
+
+
+def test_a_warper_subclass_runs_in_the_engine_as_generate_calls_it():
+    """A subclass of a transformers warper may treat rows differently: the engine runs it (and the draft leaves it
+    out of its proposal, which any distribution may be) as generate() calls it, row by row."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper
+
+    class MyTemperature(TemperatureLogitsWarper):
+        def __call__(self, input_ids, scores):  # and row b favours token 3 b + 5
+            favoured = 3 * torch.arange(scores.shape[0])[:, None] + 5
+            return (scores / self.temperature).scatter_add(1, favoured, torch.full_like(favoured, 40.0).float())
+
+    model = tiny_model("llama")
+    ids = prompt(8, batch=2)
+    head = em.Eagle3Head.from_target(model)
+    opts = dict(max_new_tokens=8, do_sample=True, top_k=1, logits_processor=LogitsProcessorList([MyTemperature(0.5)]))
+    out = em.speculative_generate(model, head, ids, tree=TREE, generator=torch.Generator().manual_seed(0),
+                                  return_dict_in_generate=True, **opts)
+    assert out.stats.engine == "fixed"
+    assert torch.equal(out.sequences, model.generate(ids, **opts))
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -180,12 +195,21 @@ def test_layer_kinds_of_the_engine():
         layer_kinds(cfg, n)
 
 
+def _bound(model, head):
+    """The copy of ``head`` the engine decodes with on ``model`` (``decode.bound``), which its buffers and graphs
+    are kept on."""
+    from eagle_mm.decode.bound import bound_head
+
+    return bound_head(model, head, model.get_input_embeddings().weight.dtype)
+
+
 def _compiled_steps(model, head) -> list:
     """The engine's compiled steps (``compiled.DiskCompiled``) for this model and head."""
     from eagle_mm.decode.compiled import DiskCompiled
     from eagle_mm.decode.graphs import _WRAPPED
 
-    steps = [getattr(f, "inner", f) for owner in (model, head) for f in _WRAPPED.get(owner, {}).values()]
+    steps = [getattr(f, "inner", f) for owner in (model, _bound(model, head))
+             for f in _WRAPPED.get(owner, {}).values()]
     return [f for f in steps if isinstance(f, DiskCompiled)]
 
 
@@ -292,11 +316,11 @@ def test_graphs_equal_eager_cuda(tree, compile):
     eager = _run(model, head, ids, mask, 32, tree, cache_implementation="static", compile=False)
     first = _run(model, head, ids, mask, 32, tree, compile=compile)
     assert first.stats.mode == ("graphs" if compile is None else "reduce-overhead")
-    captures = sum(f.captures for table in (_WRAPPED[model], _WRAPPED[head])
+    captures = sum(f.captures for table in (_WRAPPED[model], _WRAPPED[_bound(model, head)])
                    for f in table.values() if hasattr(f, "captures"))
     with torch._dynamo.config.patch(error_on_recompile=True):
         second = _run(model, head, ids, mask, 32, tree, compile=compile)
-    after = sum(f.captures for table in (_WRAPPED[model], _WRAPPED[head])
+    after = sum(f.captures for table in (_WRAPPED[model], _WRAPPED[_bound(model, head)])
                 for f in table.values() if hasattr(f, "captures"))
     assert after == captures and second.stats.time_compile == 0
     for out in (first, second):
@@ -322,7 +346,8 @@ def test_graphs_sampling_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 def test_graphs_drop_finished_rows_cuda():
     """Rows that stop early leave the captured engine's batch (4 rows, then 2, then 1): generate()'s tokens, one
-    graph per batch size, and a second call replays them all without capturing."""
+    graph per batch size, and once a call has run at the cache length calls of this shape reach (the cache grows
+    with the tokens, and is kept), a later call replays them all without capturing."""
     from eagle_mm.decode.graphs import _WRAPPED
     from tests.test_batch import _batch
 
@@ -337,10 +362,11 @@ def test_graphs_drop_finished_rows_cuda():
     head = em.Eagle3Head.from_target(model).cuda()
 
     def captures():
-        return sum(f.captures for table in (_WRAPPED[model], _WRAPPED[head]) for f in table.values()
+        return sum(f.captures for table in (_WRAPPED[model], _WRAPPED[_bound(model, head)]) for f in table.values()
                    if hasattr(f, "captures"))
 
     kw = dict(attention_mask=mask, max_new_tokens=30, tree=TREE, return_dict_in_generate=True)
+    em.speculative_generate(model, head, ids, **kw)  # grows the cache to what these calls reach
     first = em.speculative_generate(model, head, ids, **kw)
     n = captures()
     second = em.speculative_generate(model, head, ids, **kw)
@@ -354,8 +380,8 @@ def test_graphs_drop_finished_rows_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 def test_graphs_sampled_batch_cuda():
     """Sampling in the captured engine (the draft, and the acceptance with its noise drawn outside the graph) over a
-    batch whose first row stops early (2 rows, then 1): the eager engine's tokens for one seed, at the first call and
-    at the second, which captures nothing."""
+    batch whose first row stops early (2 rows, then 1): the eager engine's tokens for one seed at every call, and
+    once a call has grown the kept cache to what these calls reach, a later call captures nothing."""
     from eagle_mm.decode.graphs import _WRAPPED
 
     model = tiny_model("llama").cuda()
@@ -371,11 +397,13 @@ def test_graphs_sampled_batch_cuda():
     eos = next(int(t) for t in free[0] if int(t) not in free[1].tolist())  # row 0 stops there, row 1 goes on
     model.generation_config.eos_token_id = eos
     eager = run(cache_implementation="static", compile=False)
+    run()  # grows the kept cache to what these calls reach
     first = run()
-    captures = sum(f.captures for f in _WRAPPED[head].values() if hasattr(f, "captures"))
+    steps = _WRAPPED[_bound(model, head)]
+    captures = sum(f.captures for f in steps.values() if hasattr(f, "captures"))
     second = run()
-    assert first.stats.mode == "graphs" and ("accept", "graphs") in _WRAPPED[head]
-    assert sum(f.captures for f in _WRAPPED[head].values() if hasattr(f, "captures")) == captures
+    assert first.stats.mode == "graphs" and ("accept", "graphs") in steps
+    assert sum(f.captures for f in steps.values() if hasattr(f, "captures")) == captures
     for out in (first, second):
         assert torch.equal(out.sequences, eager.sequences)
     assert int((eager.sequences[0, ids.shape[1]:] == eos).sum()) >= 1  # row 0 did stop
@@ -482,3 +510,112 @@ def test_a_compile_failure_falls_back_with_a_warning(monkeypatch, caplog):
     assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]]) and out.stats.mode == "default"
     failed = {r.getMessage().split(" failed")[0] for r in caplog.records if "runs uncompiled" in r.getMessage()}
     assert len(failed) == 2  # the verify and the update: the steps compile= compiles
+
+
+def _engine_bytes(model, head) -> int:
+    """Bytes of what the engine keeps for this model and head: the target's KV cache and the head's KV buffers."""
+    from eagle_mm.decode.fixed import _BUFFERS, _CACHES
+
+    layers = [la for la in _CACHES[model].cache.layers if la.is_initialized]
+    buf = _BUFFERS[_bound(model, head)][1]
+    return sum(t.nbytes for la in layers for t in (la.keys, la.values)) + buf.head_k.nbytes + buf.head_v.nbytes
+
+
+def test_a_huge_max_new_tokens_that_stops_early_allocates_what_it_uses():
+    """max_new_tokens=100000 on a batch of 8 whose rows all stop after one token: the engine's cache grows with the
+    tokens committed, so it holds about what generate()'s does (the prompt's bucket and one block of slots, where
+    the worst case up front was 400,000 slots a row)."""
+    model = tiny_model("llama")
+    ids = prompt(200, batch=8, seed=4)
+    first = model.generate(ids, max_new_tokens=1, do_sample=False)[:, -1]
+    model.generation_config.eos_token_id = sorted(set(first.tolist()))  # every row stops after its first token
+    head = em.Eagle3Head.from_target(model)
+    ref = model.generate(ids, max_new_tokens=100000, do_sample=False, return_dict_in_generate=True)
+    out = em.speculative_generate(model, head, ids, max_new_tokens=100000, tree=TREE)
+    assert torch.equal(out, ref.sequences)
+    theirs = sum(la.keys.nbytes + la.values.nbytes for la in ref.past_key_values.layers)
+    assert _engine_bytes(model, head) < 4 * theirs
+
+
+def _growing_call(device: str):
+    """A tiny model, a batch of 3 rows (one stops early) and a forced head for a 300-token call, on ``device``."""
+    from tests.test_batch import _batch
+
+    model = tiny_model("llama").to(device)
+    ids, mask = (t.to(device) for t in _batch([5, 9, 3]))
+    cont = model.generate(ids, attention_mask=mask, max_new_tokens=300, do_sample=False)[:, ids.shape[1]:]
+    eos = int(cont[0, 60])
+    model.generation_config.eos_token_id = eos  # row 0 stops after 61 tokens at most, the others when they emit it
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=300, do_sample=False)
+    longer = model.generate(ids, attention_mask=mask, max_new_tokens=320, do_sample=False)
+    pad = ids.shape[1] - mask.sum(1)
+    by_pos = torch.stack([torch.roll(longer[b], -int(pad[b])) for b in range(3)])
+    wrong = torch.rand(by_pos.shape, generator=torch.Generator().manual_seed(2)).to(device) < 0.2
+    return model, ids, mask, ref, ForcedHead(em.Eagle3Head.from_target(model), by_pos, wrong)
+
+
+def _spy_growth(monkeypatch) -> list:
+    from eagle_mm.decode.fixed import FixedStorage
+
+    lengths, grow = [], FixedStorage.grow
+    monkeypatch.setattr(FixedStorage, "grow", lambda self, n: (lengths.append(n), grow(self, n))[1])
+    return lengths
+
+
+def test_the_cache_grows_as_tokens_are_committed_and_a_small_call_releases_it(monkeypatch):
+    """A long call starts small and grows its cache in steps (doubling) as rows commit tokens, with generate()'s
+    tokens in a batch whose rows stop at different times; a later short call does not keep the long call's cache."""
+    import weakref
+
+    from eagle_mm.decode.fixed import _CACHES
+
+    model, ids, mask, ref, head = _growing_call("cpu")
+    lengths = _spy_growth(monkeypatch)
+    out = em.speculative_generate(model, head, ids, attention_mask=mask, max_new_tokens=300, tree=CHAIN)
+    assert torch.equal(out, ref)
+    assert len(lengths) >= 2 and all(b == 2 * a for a, b in zip(lengths, lengths[1:]))  # grown by doubling
+    big = weakref.ref(_CACHES[model].cache.layers[0].keys)
+    assert big().shape[2] == lengths[-1]
+    em.speculative_generate(model, head, ids, attention_mask=mask, max_new_tokens=4, tree=CHAIN)
+    assert big() is None and _CACHES[model].cache.layers[0].max_cache_len < lengths[-1]
+
+
+def test_release_frees_what_the_engine_keeps():
+    """eagle_mm.release(model): the kept cache, buffers and graphs go (their memory with them); the next call
+    allocates again and decodes as before."""
+    import weakref
+
+    from eagle_mm.decode.fixed import _BUFFERS, _CACHES
+
+    model = tiny_model("llama")
+    ids = prompt(8)
+    head, ref = _forced(model, ids, torch.ones_like(ids), 12)
+    assert torch.equal(_run(model, head, ids, None, 12, TREE).sequences, ref[:, : ids.shape[1] + 12])
+    bound = _bound(model, head)
+    kept = [weakref.ref(_CACHES[model].cache.layers[0].keys), weakref.ref(_BUFFERS[bound][1].head_k)]
+    em.release(model, head)
+    assert all(r() is None for r in kept) and model not in _CACHES and bound not in _BUFFERS
+    assert torch.equal(_run(model, head, ids, None, 12, TREE).sequences, ref[:, : ids.shape[1] + 12])
+    em.release(model)  # every head used with the model
+    assert model not in _CACHES and not _BUFFERS.get(_bound(model, head))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_the_cache_grows_in_the_captured_engine_cuda(monkeypatch):
+    """Growing mid-call in the captured engine (new addresses, new graphs, a draft queued ahead moved along):
+    generate()'s tokens; a second call starts at the length the first reached, and a third captures nothing."""
+    from eagle_mm.decode.graphs import _WRAPPED
+
+    model, ids, mask, ref, head = _growing_call("cuda")
+    head._head.cuda()
+    lengths = _spy_growth(monkeypatch)
+    kw = dict(attention_mask=mask, max_new_tokens=300, tree=CHAIN, return_dict_in_generate=True)
+    outs = [em.speculative_generate(model, head, ids, **kw) for _ in range(2)]
+    assert outs[0].stats.mode == "graphs" and len(lengths) >= 2
+    n = sum(f.captures for table in (_WRAPPED[model], _WRAPPED[head]) for f in table.values()
+            if hasattr(f, "captures"))
+    outs.append(em.speculative_generate(model, head, ids, **kw))
+    assert n == sum(f.captures for table in (_WRAPPED[model], _WRAPPED[head]) for f in table.values()
+                    if hasattr(f, "captures"))
+    for out in outs:
+        assert torch.equal(out.sequences, ref)

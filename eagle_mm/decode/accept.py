@@ -17,15 +17,15 @@ from .tree import Tree, path_indices
 __all__ = ["accept", "committed"]
 
 
-def accept(tree: Tree, logits: torch.Tensor, q_nodes: torch.Tensor | None, processors, rows: list, depth: int,
+def accept(tree: Tree, logits: torch.Tensor, q_nodes: torch.Tensor | None, processors, rows, depth: int,
            generator: torch.Generator | None, noise=None):
     """(accept_len (B,), path (B, D+1), bonus (B, 1), scores (B, N+1, V)) for the target's logits (B, N+1, V) at
     the tree's nodes; ``scores`` are the processed logits the acceptance read.
 
     ``q_nodes`` (B, N+1, V): the draft distribution each node's children were drawn from (sampling), or None
-    (greedy). ``rows``: each row's sequence so far, or its length, for processors that read them (else empty;
-    see ``process_tree_logits``). ``noise``: sampling's (u, e), drawn already (``sampling.walk_noise``), or None
-    to draw them from ``generator``.
+    (greedy). ``rows``: the call's rows as the processors see them (``processors.CallRows``; None when no
+    processor reads them). ``noise``: sampling's (u, e), drawn already (``sampling.walk_noise``), or None to draw
+    them from ``generator``.
     """
     if q_nodes is None:
         scores = process_tree_logits(processors, rows, tree, logits, depth) if processors else logits

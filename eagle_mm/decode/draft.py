@@ -18,6 +18,7 @@ top-p, a top-k, a scatter to the target's ids: about 200 us of kernels per draft
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -79,12 +80,14 @@ class DraftSampler:
         is drawn outside the graph)."""
         settings = ((type(p), tuple(sorted((k, _plain(v)) for k, v in vars(p).items()))) for p in self.warpers)
         key = (self.width, *settings)
-        table = _GRAPH_SAMPLERS.setdefault(self.target_ids.device, {})
-        if key not in table or not torch.equal(table[key].target_ids, self.target_ids):
-            if len(table) >= _GRAPH_SAMPLERS_KEPT:
-                table.pop(next(iter(table)))  # the oldest setting (its graph is dropped by OwnGraph in turn)
-            table[key] = DraftSampler(self.warpers, self.target_ids, self.vocab_size, None, self.width, self.compact)
-        return table[key]
+        with _GRAPH_SAMPLERS_GUARD:  # calls in several threads
+            table = _GRAPH_SAMPLERS.setdefault(self.target_ids.device, {})
+            if key not in table or not torch.equal(table[key].target_ids, self.target_ids):
+                if len(table) >= _GRAPH_SAMPLERS_KEPT:
+                    table.pop(next(iter(table)))  # the oldest setting (its graph is dropped by OwnGraph in turn)
+                table[key] = DraftSampler(self.warpers, self.target_ids, self.vocab_size, None, self.width,
+                                          self.compact)
+            return table[key]
 
     def proposal(self, draft_logits: torch.Tensor):
         """(B, M, V_draft) draft logits -> (cand (B, M, W) target ids, logq (B, M, W) log q there, -inf = 0)."""
@@ -135,6 +138,7 @@ _SORTED_RULES = {lp.TemperatureLogitsWarper: lambda p, v: v / p.temperature, lp.
                  lp.TopPLogitsWarper: _top_p, lp.MinPLogitsWarper: _min_p}
 
 _GRAPH_SAMPLERS: dict = {}  # device -> {warper settings: DraftSampler}
+_GRAPH_SAMPLERS_GUARD = threading.Lock()
 _GRAPH_SAMPLERS_KEPT = 16
 
 

@@ -161,7 +161,7 @@ class DynamicStorage:
                             **{self._cache_kwarg: self.cache}, use_cache=True).logits
         return logits, cap.features()
 
-    def accept(self, tree: Tree, logits, q_nodes, processors, rows: list, depth: int, generator):
+    def accept(self, tree: Tree, logits, q_nodes, processors, rows, depth: int, generator):
         return accept(tree, logits, q_nodes, processors, rows, depth, generator)
 
     def update(self, tokens, q_pos, feats, accept_len, path, bonus) -> torch.Tensor:
@@ -191,6 +191,9 @@ class DynamicStorage:
         self.head_cache = HeadCache(h.k[idx], h.v[idx], h.pos[idx], h.length, h.scratch)
         self.root, self.root_pos, self.root_out, self.root_logits = (
             t[idx] for t in (self.root, self.root_pos, self.root_out, self.root_logits))
+
+    def reserve(self) -> None:
+        """Nothing to do: the cache grows in ``update``."""
 
     def advance(self, n: int) -> None:
         """Nothing to move: the cache grew in ``update``."""

@@ -31,7 +31,7 @@ from .accept import accept
 from .draft import HeadCache, scratch_slots
 from .graphs import CUDA_GRAPH_MODES, OwnGraph, nothing_to_undo, setup_seconds, wrapped
 from .masks import LayerKind
-from .rows import cache_view, move_rows, static_rows
+from .rows import cache_view, grown, grown_cache, move_rows, static_rows
 from .processors import reads_input_ids
 from .sampling import draft_noise, walk_noise
 from .steps import accept_step, draft_step, prefill_step, update_step, verify_step
@@ -48,6 +48,7 @@ _SLOT_ROUND = 128  # cache lengths are rounded up so that repeated calls reuse o
 _COMPILED_STEPS = ("verify", "update")
 _MAX_COMPILED_STEPS = ("verify", "update", "draft")
 _PREFILL_MIN = 16  # the shortest prefill bucket; buckets double from there
+_FIRST_ROOM = 64  # slots for committed tokens a growing cache starts with past the prompt; it doubles from there
 
 
 def prefill_length(prompt_len: int) -> int:
@@ -59,16 +60,25 @@ def prefill_length(prompt_len: int) -> int:
     return n
 
 
+def _rounded(slots: int) -> int:
+    return -(-slots // _SLOT_ROUND) * _SLOT_ROUND
+
+
 def cache_length(prompt_len: int, max_length: int, batch: int, q_len: int, depth: int) -> int:
-    """Target cache slots: the (bucketed) prompt, every committed token, one tree, rounded up.
+    """The most target cache slots a call can use: the (bucketed) prompt, every committed token, one tree, rounded.
 
     One row commits at least one token per cycle and the pointer advances by the longest accepted path, so with
     B = 1 the committed slots are exactly the new tokens; with B > 1 rows that accept less leave holes, up to D+1
     slots per cycle."""
     new = max_length - prompt_len
     committed_slots = new if batch == 1 else new * (depth + 1)
-    need = prompt_len + committed_slots + q_len + depth + 1
-    return -(-need // _SLOT_ROUND) * _SLOT_ROUND
+    return _rounded(prompt_len + committed_slots + q_len + depth + 1)
+
+
+def first_length(prompt_len: int, limit: int, q_len: int, depth: int) -> int:
+    """The slots a growing cache starts with: the (bucketed) prompt, a first block of committed tokens and one tree,
+    rounded, and never more than the call's most (``limit``, ``cache_length``)."""
+    return min(_rounded(prompt_len + _FIRST_ROOM + q_len + depth + 1), limit)
 
 
 @dataclass
@@ -79,19 +89,24 @@ class _TargetCache:
     views: dict = field(default_factory=dict)  # n -> the cache over its first n rows (rows.cache_view), kept: graphs
 
 
-# One target cache per model and one set of buffers per head, kept between calls: graphs are bound to them.
+# One target cache per model and one set of buffers per (model, head) (keyed on the head's bound copy, bound.py),
+# kept between calls: graphs are bound to them. ``release`` (loop.py) drops them.
 _CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _BUFFERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _target_cache(model, batch: int, length: int, n: int) -> _TargetCache:
-    """An n-layer static cache of at least ``length`` slots: the model's previous one when it is long enough
-    (as ``generate`` reuses its static cache), so that calls with shorter prompts replay the same graphs."""
+def _target_cache(model, batch: int, length: int, limit: int | None, n: int) -> _TargetCache:
+    """An n-layer static cache of ``length`` slots, or the model's previous one if it holds ``length`` to ``limit``
+    slots (the call's most; None: any more): calls of one shape then replay the same graphs, and a call that can
+    use fewer slots than the previous one holds does not keep it (it is freed here). Compiled steps pass None: a
+    new length would be a new compile."""
     from transformers.cache_utils import Cache, StaticLayer
 
     entry = _CACHES.get(model)
-    if (entry is None or len(entry.cache.layers) != n or entry.batch != batch
-            or entry.cache.layers[0].max_cache_len < length):
+    kept = entry.cache.layers[0].max_cache_len if entry is not None else 0
+    if (entry is None or len(entry.cache.layers) != n or entry.batch != batch or kept < length
+            or (limit is not None and kept > limit)):
+        _CACHES.pop(model, None)  # the old cache goes before the new one is allocated
         entry = _TargetCache(batch, Cache(layers=[StaticLayer(max_cache_len=length) for _ in range(n)]))
         _CACHES[model] = entry  # one live cache per model: a new shape frees the old one
     entry.cache.reset()  # zeros the stored slots and every layer's cumulative_length, in place
@@ -141,6 +156,14 @@ class Buffers:
         """The buffers with a batch dimension (all but ``cur``)."""
         return [t for t in (getattr(self, f.name) for f in fields(self)) if t is not None and t.dim() > 0]
 
+    def grown(self, capacity: int) -> "Buffers":
+        """The same buffers with ``capacity`` committed slots in the head's cache (then the scratch slots, whose
+        contents no step reads across cycles), the others shared."""
+        C, S = self.head_pos.shape[1], self.head_k.shape[2] - self.head_pos.shape[1]
+        k, v = (grown(t, 2, C, capacity + S) for t in (self.head_k, self.head_v))
+        return Buffers(**{**{f.name: getattr(self, f.name) for f in fields(self)}, "head_k": k, "head_v": v,
+                          "head_pos": grown(self.head_pos, 1, C, capacity, -1)})
+
     def rows(self, n: int) -> "Buffers":
         """The same buffers over their first n rows (static views at the same addresses)."""
         return Buffers(**{f.name: static_rows(t, n) if t is not None and t.dim() > 0 else t
@@ -154,6 +177,12 @@ class FixedStorage:
     The host keeps its own copy of the write pointer (``cur``) for the room checks; ``advance`` moves it on after
     the cycle's host read, as ``update_step`` moved the device's. ``compact`` goes on with fewer rows (``rows.py``):
     eager and CUDA-graph runs do (graphs in powers of two), compiled runs keep their batch.
+
+    The cache grows with the tokens committed: it starts with room for the prompt and a first block
+    (``first_length``) and ``reserve`` doubles it before a cycle that would not fit, up to the call's most
+    (``cache_length``), so that a call stopping early holds what it used. Each length is a new set of addresses
+    (its graphs are captured once, and kept for the next call of that length). Compiled runs allocate the most up
+    front, and go on with a longer kept cache: every new length would be a new inductor compile.
     """
 
     def __init__(self, model, head, kinds: list[LayerKind], tree, batch: int, prompt_len: int, max_length: int,
@@ -163,16 +192,18 @@ class FixedStorage:
         sampler = sampler.for_graphs() if sampler is not None else None
         self.model, self.head, self.kinds, self.tree, self.mode, self.sampler = model, head, kinds, tree, mode, sampler
         self._cache_kwarg = cache_kwarg(model)
-        new = max_length - prompt_len  # the prompt takes its bucket's slots (text) or its own (images): the larger
-        length = cache_length(prefill_length(prompt_len), prefill_length(prompt_len) + new, batch,
-                              tree.total_tokens + 1, tree.depth)
-        self._entry = _target_cache(model, batch, length, len(kinds))
+        # The prompt takes its bucket's slots (text) or its own (images): the larger.
+        prompt_slots, q_len = prefill_length(prompt_len), tree.total_tokens + 1
+        self.limit = cache_length(prompt_slots, prompt_slots + max_length - prompt_len, batch, q_len, tree.depth)
+        self.compacts, self.pow2 = mode in (None, "graphs"), mode == "graphs"
+        self.grows = mode in (None, "graphs")
+        length = first_length(prompt_slots, self.limit, q_len, tree.depth) if self.grows else self.limit
+        self._entry = _target_cache(model, batch, length, self.limit if self.grows else None, len(kinds))
         self.cache = self._entry.cache
         self.length = self.cache.layers[0].max_cache_len
         self.cur = 0
         self.buf: Buffers | None = None
         self.batch = batch  # rows the cycle runs on: fewer after ``compact``
-        self.compacts, self.pow2 = mode in (None, "graphs"), mode == "graphs"
         self._next = None  # the next cycle's draft, launched ahead of the host read
         self._host = self._read_done = None  # pinned landing buffer and its event, on CUDA
         self._prefill = wrapped(model, "prefill", prefill_step, _step_mode("prefill", mode), unkeyed=(4,))
@@ -251,13 +282,14 @@ class FixedStorage:
         scratch, q_len = scratch_slots(t.top_k, t.depth), t.total_tokens + 1
         vocab = self.sampler.vocab_size if self.sampler is not None else None
         width = self.sampler.width if self.sampler is not None else None
-        key = (tuple(hcache.k.shape[:2]), hcache.k.shape[3], hcache.v.shape[3], self.length, scratch, q_len, vocab,
-               width, root_out.shape[-1], root_logits.shape[-1], hcache.k.dtype, root_out.dtype, root_logits.dtype,
-               hcache.k.device)
+        self._shape = (tuple(hcache.k.shape[:2]), hcache.k.shape[3], hcache.v.shape[3], scratch, q_len, vocab, width,
+                       root_out.shape[-1], root_logits.shape[-1], hcache.k.dtype, root_out.dtype, root_logits.dtype,
+                       hcache.k.device)
         old_key, buf = _BUFFERS.get(self.head, (None, None))
-        if old_key != key:
+        if old_key != (self.length, self._shape):
+            _BUFFERS.pop(self.head, None)  # one live set per (model, head): the old one goes first
             buf = Buffers.like(hcache, root_out, root_logits, self.length, scratch, q_len, vocab, width)
-            _BUFFERS[self.head] = (key, buf)  # one live set per head: a new shape frees the old one
+            _BUFFERS[self.head] = ((self.length, self._shape), buf)
         buf.head_k.zero_()
         buf.head_v.zero_()
         buf.head_k[:, :, :S], buf.head_v[:, :, :S] = hcache.k, hcache.v
@@ -273,15 +305,41 @@ class FixedStorage:
     def compact(self, keep: list[int]) -> None:
         """Go on with the storage rows ``keep`` (``rows.plan``): moved to the first rows of the full-size cache and
         buffers, which the cycle then runs on as views. A draft launched ahead moves with its rows."""
-        n, entry = len(keep), self._entry
+        entry = self._entry
         layers = [la for la in entry.cache.layers if la.is_initialized]
         full = [la.keys for la in layers] + [la.values for la in layers] + [entry.pos] + self._full.batched()
         move_rows([t[: self.batch] for t in full], keep, self.batch)
-        if n not in entry.views:
-            entry.views[n] = cache_view(entry.cache, rows=n)
-        self.batch, self.cache, self._pos, self.buf = n, entry.views[n], static_rows(entry.pos, n), self._full.rows(n)
+        self._use_rows(len(keep))
+
+    def reserve(self) -> None:
+        """Room for the next cycle's tree at ``cur``: a growing cache doubles first (at most to the call's most)."""
+        need = self.cur + self.tree.total_tokens + 1
+        if need > self.length and self.grows and self.length < self.limit:
+            self.grow(min(max(2 * self.length, _rounded(need)), self.limit))
+
+    def grow(self, length: int) -> None:
+        """Go on in a cache and head buffers of ``length`` slots that hold what the current ones hold (kept for the
+        next call in their place: the current ones are freed once the cycle lets go of them)."""
+        old = self._entry
+        pos = grown(old.pos, 1, self.length, length, -1)
+        self._entry = _CACHES[self.model] = _TargetCache(old.batch, grown_cache(old.cache, length), pos)
+        self._full = self._full.grown(length)
+        _BUFFERS[self.head] = ((length, self._shape), self._full)
+        self.length, self._views = length, {}
+        self._use_rows(self.batch)
+
+    def _use_rows(self, n: int) -> None:
+        """Run on the first n rows of the cache and buffers (views at their addresses, kept per n for the graphs)."""
+        entry = self._entry
+        if n == entry.batch:
+            self.cache, self._pos, self.buf = entry.cache, entry.pos, self._full
+        else:
+            if n not in entry.views:
+                entry.views[n] = cache_view(entry.cache, rows=n)
+            self.cache, self._pos, self.buf = entry.views[n], static_rows(entry.pos, n), self._full.rows(n)
+        self.batch = n
         self._layers = [la for la in self.cache.layers if la.is_initialized]
-        if self._next is not None:
+        if self._next is not None:  # a draft launched ahead: its tree lives in the buffers' shared tensors
             b = self.buf
             self._next = (Tree(b.tokens, b.parent, b.depth), b.q_pos, b.q_nodes)
 
@@ -310,7 +368,7 @@ class FixedStorage:
         return _run(self._verify, self._undo_pointers(self.cur), self.model, cache, self.kinds, self._cache_kwarg,
                     cap, tree.tokens, q_pos, tree.parent, used, write, positions, self.tree.depth)
 
-    def accept(self, tree: Tree, logits, q_nodes, processors, rows: list, depth: int, generator):
+    def accept(self, tree: Tree, logits, q_nodes, processors, rows, depth: int, generator):
         """``accept.accept``; sampling with input-free warpers only, as ``accept_step`` (its noise drawn first, outside
         the step, from the call's generator), which the engine captures like its other steps."""
         if q_nodes is None or reads_input_ids(processors):

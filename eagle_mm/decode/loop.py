@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 import weakref
@@ -29,12 +30,14 @@ from ..config import TreeConfig, bound_tree
 from ..target.features import FeatureCapture
 from ..target.multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
     verify_positions
+from . import fixed, graphs
+from .bound import bound_head, forget
 from .draft import DraftSampler, extend_head
 from .dynamic import DynamicStorage
 from .fixed import FixedStorage
 from .options import check_attention, check_generation_config, choose_storage, default_tree, pad_id, \
     resolve_tree, split_model_inputs
-from .processors import reads_input_ids, reads_tokens
+from .processors import CallRows, needs_call_batch, reads_input_ids, reads_tokens
 from .rows import plan
 from .skinny import skinny_linears
 from .state import DecodeState, SpeculativeOutput, SpeculativeStats
@@ -42,9 +45,10 @@ from .stopping import first_stop
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["speculative_generate", "custom_generate"]
+__all__ = ["speculative_generate", "custom_generate", "release"]
 
-# The engine keeps one target cache per model and one set of buffers per head: calls on one model take turns.
+# The engine keeps one target cache per model, and its buffers and graphs per (model, head) (on the head's bound
+# copy, bound.py): calls on one model take turns.
 _LOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
 
@@ -72,6 +76,11 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | dict | 
     """
     if "custom_generate" in kwargs:
         raise ValueError("speculative_generate sets custom_generate itself; do not pass it")
+    if kwargs.get("assistant_model") is not None:  # generate() would not pass it on: refused here, by name
+        raise ValueError(f"assistant_model={type(kwargs['assistant_model']).__name__} is not supported: "
+                         f"speculative_generate drafts with the head; drop assistant_model (model.generate("
+                         f"assistant_model=...) runs transformers' assisted generation)")
+    _check_head(head)
     ids = inputs if inputs is not None else kwargs.get("input_ids")
     check_attention(model)
     parts = resolve_target(model)
@@ -102,11 +111,24 @@ def _stop_strings_to_criteria(model, kwargs: dict) -> None:
     kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
 
 
+def _check_head(head) -> None:
+    if head is None:
+        raise ValueError("no draft head given: speculative_generate(model, head, ...), or model.generate(..., "
+                         "custom_generate=eagle_mm.custom_generate, head=head)")
+    if not (callable(getattr(head, "attach", None)) and callable(getattr(head, "step", None))):
+        raise TypeError(f"head must be an EagleHead/Eagle3Head, got {type(head).__name__}: load a draft head with "
+                        f"eagle_mm.load_head(path, target=model) (or make one with Eagle3Head.from_target(model))")
+
+
 def _check_prompt(ids, mask, vocab_size: int) -> None:
     """Fail early with the shapes and values, before generate() fails deep inside with an index error."""
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or 0 in ids.shape:
         got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"input_ids must be a non-empty (batch, length) tensor, got {got}")
+    for name, t in (("input_ids", ids), ("attention_mask", mask)):
+        if isinstance(t, torch.Tensor) and t.is_meta:
+            raise ValueError(f"{name} is on the meta device, which holds no data: pass a tensor of real values, on "
+                             f"the model's device")
     if ids.is_floating_point() or ids.dtype == torch.bool:
         raise ValueError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
     low, high = int(ids.min()), int(ids.max())
@@ -130,8 +152,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     the storage with ``eagle_cache_implementation=`` / ``eagle_compile=`` (see ``speculative_generate``).
     """
     streamer = _streamer(model, eagle_streamer, input_ids)
-    if head is None:
-        raise ValueError("custom_generate needs a draft head: model.generate(..., custom_generate=..., head=head)")
+    _check_head(head)
     if synced_gpus:
         raise ValueError("synced_gpus=True is not supported by speculative decoding")
     gen = generation_config
@@ -140,14 +161,16 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     parts = resolve_target(model)
     mask, position_ids, extra = split_model_inputs(input_ids, model_kwargs, PREFILL_INPUTS if parts.is_vlm else ())
     images = image_prompt(parts, model.config, input_ids, extra) if parts.is_vlm else None
+    head = bound_head(model, head, parts.embed.weight.dtype)  # the caller's head is never changed
     tree, autotree = resolve_tree(tree), None
     if tree == "auto":
         tree, autotree = _auto_tree(model, head, input_ids, mask, images, autotree_inputs)
     elif tree is None:
         tree = default_tree(input_ids.device, input_ids.shape[0], sampled=gen.do_sample)
-    tree = bound_tree(tree, gen.max_length - input_ids.shape[1])  # no deeper than what can be committed
-    _check_cache_room(parts, gen.max_length - 1, tree)  # the last verify is over at most max_length - 2 slots
-    head.attach(model)
+    # generate() takes a fractional max_new_tokens (max_length) and stops at the first length past it.
+    max_length = math.ceil(gen.max_length)
+    tree = bound_tree(tree, max_length - input_ids.shape[1])  # no deeper than what can be committed
+    _check_cache_room(parts, max_length - 1, tree)  # the last verify is over at most max_length - 2 slots
     vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size
     if tree.top_k > vd:
         raise ValueError(f"tree top_k={tree.top_k} exceeds the head's draft vocabulary of {vd} tokens")
@@ -156,15 +179,16 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     sampler = DraftSampler.from_processors(logits_processor, head, generator, tree.top_k) if gen.do_sample else None
     stats = SpeculativeStats(accept_counts=[0] * tree.depth, tree=tree, autotree=autotree, engine=kind, mode=mode)
     lock = _model_lock(model) if kind == "fixed" else contextlib.nullcontext()
-    # Eager cycles on a CPU: few-row linears as W @ x^T (skinny.py); a compiler chooses its own kernels, and the
-    # prefill keeps generate()'s own arithmetic (its first token and features are bit for bit generate()'s).
+    # Eager cycles on a CPU: the forwards' few-row linears as W @ x^T, in this thread only (skinny.py); a compiler
+    # chooses its own kernels, and the prefill keeps generate()'s own arithmetic (its first token and features are
+    # bit for bit generate()'s).
     eager_cpu = input_ids.device.type == "cpu" and (kind == "dynamic" or mode is None)
-    linears = skinny_linears(model, head) if eager_cpu else contextlib.nullcontext()
+    linears = skinny_linears() if eager_cpu else contextlib.nullcontext()
     with lock, FeatureCapture(parts, head.feature_layers(parts.num_layers),
                               input_embeds=head.reads_images(parts)) as cap:
         if kind == "fixed":
             store = FixedStorage(model, head, kinds, tree, input_ids.shape[0], input_ids.shape[1],
-                                 gen.max_length, mode, sampler)
+                                 max_length, mode, sampler)
         else:
             store = DynamicStorage(model, head, parts, tree, sampler)
         setup0 = store.setup
@@ -173,15 +197,15 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
                          generator)
         _commit(state, state.first[:, None].tolist(), stopping_criteria, streamer)
         stats.time_prefill += time.perf_counter() - t0
-        with linears:
-            while not all(state.finished):
-                keep = plan(state.slots, state.finished, store.pow2) if store.compacts else None
-                if keep is not None:  # finished rows stop costing: the storage goes on with the others
-                    store.compact(keep)
-                    state.keep(keep)
-                _check_cache_room(parts, store.cur, tree)
-                _cycle(model, head, cap, store, state, tree, gen, logits_processor, stopping_criteria, streamer,
-                       sampler, generator, stats)
+        while not all(state.finished):
+            keep = plan(state.slots, state.finished, store.pow2) if store.compacts else None
+            if keep is not None:  # finished rows stop costing: the storage goes on with the others
+                store.compact(keep)
+                state.keep(keep)
+            store.reserve()  # the engine's cache grows as the rows commit tokens
+            _check_cache_room(parts, store.cur, tree)
+            _cycle(model, head, cap, store, state, tree, gen, logits_processor, stopping_criteria, streamer,
+                   sampler, generator, stats, linears)
         stats.time_compile = store.setup - setup0
     if streamer is not None:
         streamer.end()
@@ -213,6 +237,20 @@ def _per_step(rows: list[list[torch.Tensor]] | None):
         return None
     width = max(len(r) for r in rows)
     return tuple(torch.stack([r[min(i, len(r) - 1)] for r in rows]) for i in range(width))
+
+
+def release(model, head=None) -> None:
+    """Free what the engine keeps for ``model`` between calls: its KV cache and captured graphs, and the draft
+    buffers, graphs and dtype copies of ``head`` (of every head used with ``model`` when None). Waits for a call on
+    ``model`` to finish. The memory goes back to PyTorch's allocator (``torch.cuda.empty_cache()`` hands it to the
+    driver); the next call allocates and captures again. A call also frees the kept cache itself when it can use
+    fewer slots than that cache holds."""
+    with _model_lock(model):
+        for bound in forget(model, head):
+            fixed._BUFFERS.pop(bound, None)
+            graphs._WRAPPED.pop(bound, None)
+        fixed._CACHES.pop(model, None)
+        graphs._WRAPPED.pop(model, None)
 
 
 def _model_lock(model) -> threading.RLock:
@@ -318,19 +356,25 @@ def _commit(state: DecodeState, new_tokens: list[list[int]], criteria, streamer,
 
 
 def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, gen, processors, criteria, streamer,
-           sampler, generator, stats: SpeculativeStats) -> None:
+           sampler, generator, stats: SpeculativeStats, linears) -> None:
+    """One cycle. ``linears``: the context the verify and the update run in (``skinny_linears``, or none): their
+    forwards take Q and D+1 rows; every torch call costs a few microseconds more there, so the draft (on a CPU
+    mostly one row per level) and the host's bookkeeping run outside it."""
     D = tree_cfg.depth
     t0 = time.perf_counter()
     tree, q_pos, q_nodes = store.draft()  # (B, N+1) each; q_nodes (B, N+1, V) when sampling
     t1 = time.perf_counter()
     # Verify: root + N nodes in one target forward with the tree mask, then the acceptance.
-    logits, feats = store.verify(cap, tree, q_pos, verify_positions(q_pos, state.rope_offsets))  # (B, N+1, V|F)
-    accept_len, path, bonus, scores = store.accept(tree, logits, q_nodes, processors, _rows(processors, state), D,
-                                                   generator)
+    with linears:
+        logits, feats = store.verify(cap, tree, q_pos, verify_positions(q_pos, state.rope_offsets))  # (B, N+1, V|F)
+    rows = _rows(processors, state, pad_id(gen))
+    accept_len, path, bonus, scores = store.accept(tree, logits, q_nodes, processors, rows, D, generator)
     kept = _kept_rows(state, path, logits, scores)  # before the next verify reuses the logits' memory
     # Keep the path, extend the head and set the next root on the device, then the cycle's one host read of the
     # accept lengths and new tokens (the engine queues the next draft behind it on CUDA).
-    host = store.read(store.update(tree.tokens, q_pos, feats, accept_len, path, bonus))  # (B, 1 + D+1)
+    with linears:
+        packed = store.update(tree.tokens, q_pos, feats, accept_len, path, bonus)
+    host = store.read(packed)  # (B, 1 + D+1)
     t2 = time.perf_counter()
     acc = host[:, 0].tolist()  # per storage row
     _count(stats, acc, [state.finished[b] for b in state.slots], tree.size - 1)
@@ -342,14 +386,17 @@ def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, ge
     stats.time_other += t3 - t2
 
 
-def _rows(processors, state: DecodeState) -> list:
-    """What the processors read of each storage row: its sequence (B' tensors) if one reads tokens, its length
-    (B' ints) if one reads only that (min-length processors: no per-row tensors each cycle), else nothing."""
+def _rows(processors, state: DecodeState, pad: int) -> CallRows | None:
+    """What the processors read of the call's rows (``CallRows``): the sequences of the rows in the storage (or
+    only their lengths when no processor reads tokens: min-length processors need no per-row tensors each cycle),
+    of every row when a processor may read the row index (``needs_call_batch``); None when none reads them."""
     if not reads_input_ids(processors):
-        return []
-    if reads_tokens(processors):
-        return [state.row(b) for b in state.slots]
-    return [len(state.prompt[b]) + len(state.generated[b]) for b in state.slots]
+        return None
+    seqs: list = [None] * len(state.prompt)
+    rows = range(len(seqs)) if needs_call_batch(processors) else state.slots
+    for b in rows:
+        seqs[b] = state.row(b) if reads_tokens(processors) else len(state.prompt[b]) + len(state.generated[b])
+    return CallRows(seqs, state.slots, pad)
 
 
 def _count(stats: SpeculativeStats, acc: list[int], finished: list[bool], n_draft: int) -> None:

@@ -12,7 +12,6 @@ import torch
 from ..config import TreeConfig
 from .graphs import COMPILE_MODES
 from .masks import layer_kinds
-from .processors import INPUT_FREE, capturable_warpers
 
 logger = logging.getLogger(__name__)
 
@@ -182,9 +181,4 @@ def _engine_refuses(model, parts, processors) -> str | None:
         layer_kinds(parts.text_config, parts.num_layers)
     except ValueError as e:
         return str(e)
-    # A subclass of a warper joins the draft's warpers (isinstance), whose code runs inside the draft's graph.
-    odd = [type(p).__name__ for p in processors or [] if isinstance(p, INPUT_FREE) and not capturable_warpers([p])]
-    if odd:
-        return (f"logits processor(s) {odd} subclass a transformers warper, which the engine's draft step runs "
-                f"inside its graph; only transformers' own warpers are run there")
     return None

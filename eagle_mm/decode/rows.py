@@ -12,7 +12,8 @@ replayed by later calls. To bound those captures, CUDA-graph runs shrink to powe
 new size would be a new inductor compile.
 
 ``cache_view(slots=n)`` is the same kind of view along the slots: the eager engine (the CPU) runs each forward over the
-cache slots in use, where a captured graph needs the whole preallocated length.
+cache slots in use, where a captured graph needs the whole preallocated length. ``grown_cache`` is the other way:
+the same stored slots in a longer cache, as the engine's grows.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import copy
 
 import torch
 
-__all__ = ["plan", "move_rows", "static_rows", "cache_view"]
+__all__ = ["plan", "move_rows", "static_rows", "cache_view", "grown", "grown_cache"]
 
 
 def plan(slots: list[int], finished: list[bool], powers_of_two: bool) -> list[int] | None:
@@ -72,4 +73,30 @@ def cache_view(cache, rows: int | None = None, slots: int | None = None):
         if layer.is_initialized and slots is not None:
             view.keys, view.values, view.max_cache_len = view.keys[:, :, :slots], view.values[:, :, :slots], slots
         layers.append(view)
+    return Cache(layers=layers)
+
+
+def grown(t: torch.Tensor, dim: int, keep: int, size: int, fill: int = 0) -> torch.Tensor:
+    """A new static tensor like ``t`` whose size along ``dim`` is ``size``: ``t``'s first ``keep`` entries there,
+    then ``fill``."""
+    out = t.new_full((*t.shape[:dim], size, *t.shape[dim + 1:]), fill)
+    out.narrow(dim, 0, keep).copy_(t.narrow(dim, 0, keep))
+    torch._dynamo.mark_static_address(out)
+    return out
+
+
+def grown_cache(cache, slots: int):
+    """An HF ``Cache`` whose ``StaticLayer``s have ``slots`` slots and hold ``cache``'s stored ones first: new key
+    and value tensors (marked static), the same write pointers (``cumulative_length``); shallow copies of the
+    layers, as in ``cache_view``. The engine's cache grows this way as its rows commit tokens
+    (``FixedStorage.reserve``)."""
+    from transformers.cache_utils import Cache
+
+    layers = []
+    for layer in cache.layers:
+        new = copy.copy(layer)
+        new.max_cache_len = slots
+        if layer.is_initialized:
+            new.keys, new.values = (grown(t, 2, t.shape[2], slots) for t in (layer.keys, layer.values))
+        layers.append(new)
     return Cache(layers=layers)

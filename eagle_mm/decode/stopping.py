@@ -9,6 +9,7 @@ still called on every prefix, in order, so the first prefix that stops is the sa
 """
 from __future__ import annotations
 
+import math
 import weakref
 
 import torch
@@ -25,8 +26,8 @@ def first_stop(criteria, seq: torch.Tensor, start: int) -> int | None:
     others = []
     for c in criteria or ():
         kind = type(c)  # exact types: a subclass may answer differently
-        if kind is MaxLengthCriteria:  # fires once the length reaches max_length
-            stop = min(stop, max(0, c.max_length - start - 1))
+        if kind is MaxLengthCriteria:  # fires once the length reaches max_length (a fractional one too)
+            stop = min(stop, max(0, math.ceil(c.max_length) - start - 1))
         elif kind is EosTokenCriteria:  # fires on an EOS token as the last one
             hit = torch.isin(seq[0, start:start + stop], _eos_ids(c, seq.device)).nonzero()
             if hit.numel():
