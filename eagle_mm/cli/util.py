@@ -45,14 +45,20 @@ def fail(message: str) -> int:
 
 
 def check_model_dir(path: str, flag: str = "--target") -> str | None:
-    """The problem with ``path`` as a local Hugging Face model directory, or None.
+    """The problem with ``path`` as a local Hugging Face model directory or GGUF file, or None.
 
     A reference model's root (``eagle_mm.zoo``: it holds ``target/`` and the heads beside it) is named as such,
-    with the directory to pass instead, rather than left to fail deep inside ``from_pretrained``.
+    with the directory to pass instead, rather than left to fail deep inside ``from_pretrained``. A ``.gguf``
+    file needs the gguf package: its absence is named here, with the install command.
     """
+    from ..target.gguf import gguf_problem, is_gguf
+
+    if is_gguf(path):
+        return gguf_problem(path, flag)
     root = Path(path)
     if not root.is_dir():
-        return f"no such directory: {path}; pass {flag} a local model directory (what save_pretrained writes)"
+        return (f"no such directory: {path}; pass {flag} a local model directory (what save_pretrained writes) "
+                f"or a .gguf file")
     if (root / "config.json").is_file():
         return None
     if (root / "target" / "config.json").is_file():
