@@ -16,7 +16,7 @@ export TQDM_MININTERVAL=20 TRANSFORMERS_VERBOSITY=warning TOKENIZERS_PARALLELISM
 status=0
 # recipe.py fits its training into --budget seconds; the timeout only guards against a hang.
 timeout --signal=INT "${TIMEOUT:-525}" "${PYTHON:-python3}" scripts/smollm2/recipe.py --gguf "$SMOLLM2_GGUF" \
-    --out "$OUT" --budget "${BUDGET:-450}" "$@" 2>&1 | tee "$OUT/recipe.log" \
+    --out "$OUT" --budget "${BUDGET:-465}" "$@" 2>&1 | tee "$OUT/recipe.log" \
     | { tr '\r' '\n' | grep -Ev '(it/s|s/it)[],]' || true; } || status=$?
 # Files come back from the GPU machine at most 16 MiB each: the head's weights travel in 15 MiB parts
 # (join them with `cat model.safetensors.part-* > model.safetensors`; model.safetensors.sha256 checks the result).

@@ -110,10 +110,14 @@ def _train_config(recipe: dict, gguf: Path, data: Path, out: Path, **changes):
                                   **changes})
 
 
-def calibrate(model, recipe: dict, gguf: Path, data: Path, work: Path, steps: int) -> float:
-    """Seconds per optimizer step of the real configuration, from ``steps`` steps (the first third unweighed)."""
+def calibrate(model, recipe: dict, gguf: Path, rows: list[dict], work: Path, steps: int) -> float:
+    """Seconds per optimizer step of the real configuration, from ``steps`` steps (the first third unweighed) on
+    the first rows (enough for them; encoding all rows would cost as much again as the final run's)."""
     from eagle_mm.train import train
 
+    data = work / "calibrate.jsonl"
+    need = (steps + 1) * recipe["train"]["batch_size"] * recipe["train"]["grad_accum"]
+    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows[:need]), encoding="utf-8")
     stamps = []
     config = _train_config(recipe, gguf, data, work / "calibrate", max_steps=steps, eval_holdout=0,
                            save_every=10 ** 9)
@@ -209,7 +213,7 @@ def run(args) -> dict:
 
     model = model.to(getattr(torch, recipe["train"]["target_dtype"]))
     calib_steps = recipe["dry_run"]["calibrate_steps"] if args.dry_run else args.calibrate_steps
-    per_step = calibrate(model, recipe, args.gguf, data, work, calib_steps)
+    per_step = calibrate(model, recipe, args.gguf, answered, work, calib_steps)
     t = stage("calibrate", t)
 
     full, fit = steps_for(recipe, len(answered), per_step, deadline - time.perf_counter() - args.reserve)
@@ -242,9 +246,10 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=None, help="use the first N prompts (default: all)")
     parser.add_argument("--regenerated", default=None,
                         help="a regenerated.jsonl.gz of an earlier run: train on its answers, regenerate nothing")
-    parser.add_argument("--budget", type=float, default=450.0, help="seconds for the whole run")
-    parser.add_argument("--reserve", type=float, default=75.0,
-                        help="seconds kept back from training for its held-out evaluation and packaging")
+    parser.add_argument("--budget", type=float, default=465.0, help="seconds for the whole run")
+    parser.add_argument("--reserve", type=float, default=90.0,
+                        help="seconds kept back from training for encoding its rows, its held-out evaluation and "
+                             "packaging")
     parser.add_argument("--regenerate-share", type=float, default=0.45,
                         help="share of the budget that regeneration may take (it stops between chunks)")
     parser.add_argument("--calibrate-steps", type=int, default=24)
