@@ -195,8 +195,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
             "--target DIR --head DIR [--head DIR ...] --prompt TEXT [--prompt TEXT ...]."
         ),
     )
-    parser.add_argument("--target", metavar="DIR", help="local target model directory or .gguf file (default: the zoo's "
-                        "code-tiny)")
+    parser.add_argument("--target", metavar="DIR", help="local target model directory or .gguf file (default: the "
+                        "zoo's code-tiny)")
     parser.add_argument("--head", action="append", metavar="DIR", help="draft head directory, with --target "
                         "(repeat to compare heads); loaded in the target's dtype")
     parser.add_argument("--zoo-dir", metavar="DIR", help="a zoo model directory (default: code-tiny as eagle_mm.zoo "

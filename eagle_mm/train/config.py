@@ -123,7 +123,8 @@ class TrainConfig:
         if self.regenerate and self.features_dir is not None:
             raise ValueError("regenerate=True needs the raw data: dumped features were computed on fixed tokens")
         for name in ("max_length", "regenerate_max_new_tokens", "regenerate_batch_size", "ttt_steps", "epochs",
-                     "batch_size", "grad_accum", "save_every", "keep_checkpoints", "log_every", "eval_samples", "eval_max_new_tokens"):
+                     "batch_size", "grad_accum", "save_every", "keep_checkpoints", "log_every", "eval_samples",
+                     "eval_max_new_tokens"):
             _positive_int(name, getattr(self, name))
         for name in ("max_steps", "draft_vocab_size"):
             if getattr(self, name) is not None:
