@@ -246,7 +246,7 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=None, help="use the first N prompts (default: all)")
     parser.add_argument("--regenerated", default=None,
                         help="a regenerated.jsonl.gz of an earlier run: train on its answers, regenerate nothing")
-    parser.add_argument("--budget", type=float, default=465.0, help="seconds for the whole run")
+    parser.add_argument("--budget", type=float, default=395.0, help="seconds for the whole run")
     parser.add_argument("--reserve", type=float, default=90.0,
                         help="seconds kept back from training for encoding its rows, its held-out evaluation and "
                              "packaging")
