@@ -29,5 +29,9 @@ if [ -f "$OUT/eagle3/model.safetensors" ]; then
     (cd "$OUT/eagle3" && sha256sum model.safetensors > model.safetensors.sha256 \
         && split -b 15M -d model.safetensors model.safetensors.part- && rm model.safetensors)
 fi
+# At most 8 files come back: the trainer's config, log and held-out evaluation and the answers travel as one archive
+# (manifest.json, recipe.log, details.tar.gz and eagle3/'s config, sha256 and two or three parts stay within it).
+(cd "$OUT" && details=$(ls train_config.json train_log.jsonl eval.json regenerated.jsonl.gz 2>/dev/null) \
+    && [ -n "$details" ] && tar -czf details.tar.gz $details && rm $details) || true
 ls -la "$OUT" "$OUT/eagle3" "$KEEP" 2>/dev/null || true
 exit "$status"
