@@ -1,6 +1,6 @@
 """eagle_mm: drop-in EAGLE speculative-decoding draft heads for Hugging Face models."""
 from .config import Eagle3Config, EagleConfig, TreeConfig
-from .decode.decoder import Decoder, decoder
+from .decode.decoder import Decoder, decoder, release
 from .decode.loop import custom_generate, speculative_generate
 from .heads import Eagle3Head, EagleHead
 from .decode.state import SpeculativeOutput, SpeculativeStats
@@ -16,7 +16,7 @@ def load_head(path, target=None, **kwargs):
 
 __all__ = [
     "EagleHead", "Eagle3Head", "EagleConfig", "Eagle3Config", "TreeConfig",
-    "speculative_generate", "custom_generate", "decoder", "Decoder", "SpeculativeOutput", "SpeculativeStats",
-    "load_head", "warmup",
+    "speculative_generate", "custom_generate", "decoder", "Decoder", "release", "SpeculativeOutput",
+    "SpeculativeStats", "load_head", "warmup",
 ]
 __version__ = "0.1.0"

@@ -121,7 +121,7 @@ def test_the_list_is_what_the_adapter_uses():
 def test_the_scan_finds_a_private_name(tmp_path):
     """The scan itself: a private attribute, a listed name in a string and a private module are each found."""
     src = tmp_path / "probe.py"
-    src.write_text("import torch._inductor.config\nx = model.config._attn_implementation\ny = getattr(m, 'hf_device_map')\n"
-                   "z = cache._seen_tokens\n")
+    src.write_text("import torch._inductor.config\nx = model.config._attn_implementation\n"
+                   "y = getattr(m, 'hf_device_map')\nz = cache._seen_tokens\n")
     found = {b.split(": ")[1] for b in _offences(src, own={"model", "cache", "m", "x", "y", "z", "getattr"})}
     assert found == {"torch._inductor.config", "_attn_implementation", "hf_device_map", "_seen_tokens"}, found

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 import eagle_mm as em
 from tests.doubles import ForcedHead
-from tests.tiny import FAMILIES, prompt, tiny_model
+from tests.tiny import FAMILIES, V, prompt, tiny_model
 
 LENS = [5, 12, 1, 9]
 
@@ -111,3 +112,52 @@ def test_plan_keeps_live_rows_first():
     assert plan([4, 1, 2, 0], fin, powers_of_two=True) is None  # 3 live of 4: a power of two is not smaller
     assert plan([3, 4, 1, 0], fin, powers_of_two=True) == [1, 2]  # storage rows holding the call's rows 4 and 1
     assert plan([0, 3], fin, powers_of_two=False) is None  # all finished: the loop stops anyway
+
+
+class _RowBias(LogitsProcessor):
+    """A processor that treats rows differently: row b favours the token (7 b + its last token) mod V."""
+
+    def __call__(self, input_ids, scores):
+        b = torch.arange(input_ids.shape[0], device=scores.device)
+        favoured = (7 * b + input_ids[:, -1]) % scores.shape[-1]
+        return scores.scatter_add(1, favoured[:, None], torch.full_like(scores[:, :1], 3.0))
+
+
+def _allowed(batch_id: int, sent: torch.Tensor) -> list[int]:
+    """prefix_allowed_tokens_fn: row b may not use tokens that are 0 mod (b + 2), nor its last token plus b."""
+    last = int(sent[-1])
+    return [t for t in range(V) if t % (batch_id + 2) and t != (last + batch_id) % V]
+
+
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled-top1"])
+def test_row_aware_processors_equal_generate_as_rows_finish(do_sample):
+    """Processors that read the row index (prefix_allowed_tokens_fn's batch_id, a custom processor) see each node
+    as generate() shows that row: at the call's row index, with that row's sequence, also once finished rows have
+    left the storage (its rows then map to other call rows). ``top_k=1`` sampling takes the sampled path."""
+    model = tiny_model("llama")
+    ids, mask = _batch([5, 9, 3])
+    opts = dict(attention_mask=mask, max_new_tokens=30, do_sample=False, prefix_allowed_tokens_fn=_allowed,
+                logits_processor=LogitsProcessorList([_RowBias()]))
+    cont = model.generate(ids, **opts)[:, ids.shape[1]:]
+    eos = int(cont[1, 3])
+    model.generation_config.eos_token_id = eos  # row 1 stops early, the others when they emit it, or at the limit
+    ref = model.generate(ids, **opts)
+    stops = {int((r == eos).nonzero()[0]) if (r == eos).any() else 30 for r in ref[:, ids.shape[1]:]}
+    assert len(stops) >= 2, stops
+    longer = model.generate(ids, **{**opts, "max_new_tokens": 46})
+    pad = ids.shape[1] - mask.sum(1)
+    by_pos = torch.stack([torch.roll(longer[b], -int(pad[b])) for b in range(3)])
+    wrong = torch.rand(by_pos.shape, generator=torch.Generator().manual_seed(0)) < 0.15
+    head = ForcedHead(em.Eagle3Head.from_target(model), by_pos, wrong)  # proposes the processed continuation
+    batches = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: batches.append(kw["input_ids"].shape[0]),
+                                           with_kwargs=True)
+    try:
+        out = em.speculative_generate(model, head, ids, **{**opts, "do_sample": do_sample},
+                                      top_k=1 if do_sample else None,
+                                      tree=em.TreeConfig(depth=3, top_k=2, total_tokens=5),
+                                      return_dict_in_generate=True)
+    finally:
+        hook.remove()
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.mean_accept_length > 1.5 and batches[-1] < 3  # finished rows had left the storage

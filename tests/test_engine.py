@@ -186,36 +186,43 @@ def test_sampling_repeats_for_one_seed(tree):
 
 
 def test_steps_that_cannot_be_captured_run_eagerly_and_say_why(caplog):
-    """A warper subclass would run inside the captured draft step, and a target split over devices cannot be captured
-    on one: where CUDA graphs or a compiler were asked for, the steps run eagerly, with one logged line naming the
-    reason; the call itself runs (on a CPU, eagerly anyway)."""
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper
-
+    """A target split over devices cannot be captured on one: where CUDA graphs or a compiler were asked for, the
+    steps run eagerly, with one logged line naming the devices; the call itself gives generate()'s tokens."""
     from eagle_mm.decode.options import choose_mode
 
+    model = tiny_model("llama")
+    cuda = torch.device("cuda")  # a device type only: nothing runs on it
+    assert choose_mode(None, None, model, device=cuda) == "graphs"
+    model.hf_device_map = {"model": 0, "lm_head": 1}  # what accelerate records for a split model
+    with caplog.at_level(logging.WARNING, logger="eagle_mm.decode.options"):
+        assert choose_mode(None, "max-autotune", model, device=cuda) is None
+        assert choose_mode(None, True, model, device="cpu") is None
+    lines = [r.getMessage() for r in caplog.records if "eagerly" in r.getMessage()]
+    assert len(lines) == 2 and all("split over devices ['0', '1']" in line for line in lines)
+    ids = prompt(8)
+    out = em.speculative_generate(model, em.Eagle3Head.from_target(model), ids, max_new_tokens=8, tree=TREE,
+                                  return_dict_in_generate=True)
+    assert out.stats.mode is None
+    assert torch.equal(out.sequences, model.generate(ids, max_new_tokens=8, do_sample=False))
+
+
+def test_a_warper_subclass_runs_in_the_engine_as_generate_calls_it():
+    """A subclass of a transformers warper may treat rows differently: the engine runs it (and the draft leaves it
+    out of its proposal, which any distribution may be) as generate() calls it, row by row."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper
+
     class MyTemperature(TemperatureLogitsWarper):
-        pass
+        def __call__(self, input_ids, scores):  # and row b favours token 3 b + 5
+            favoured = 3 * torch.arange(scores.shape[0])[:, None] + 5
+            return (scores / self.temperature).scatter_add(1, favoured, torch.full_like(favoured, 40.0).float())
 
     model = tiny_model("llama")
-    procs = LogitsProcessorList([MyTemperature(0.5)])
-    cuda = torch.device("cuda")  # a device type only: nothing runs on it
-    with caplog.at_level(logging.WARNING, logger="eagle_mm.decode.options"):
-        assert choose_mode(None, None, model, LogitsProcessorList([TemperatureLogitsWarper(0.5)]), device=cuda) \
-            == "graphs"
-        assert choose_mode(None, None, model, procs, device=cuda) is None
-        assert choose_mode(None, True, model, procs, device="cpu") is None
-    lines = [r.getMessage() for r in caplog.records if "eagerly" in r.getMessage()]
-    assert len(lines) == 2 and all("MyTemperature" in line for line in lines)
-    split = tiny_model("llama")
-    split.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 1}
-    with caplog.at_level(logging.WARNING, logger="eagle_mm.decode.options"):
-        assert choose_mode(None, "max-autotune", split, None, device=cuda) is None
-    assert "split over devices ['0', '1']" in caplog.records[-1].getMessage()
+    ids = prompt(8, batch=2)
     head = em.Eagle3Head.from_target(model)
-    out = em.speculative_generate(model, head, prompt(8), max_new_tokens=8, do_sample=True, tree=TREE,
-                                  logits_processor=procs, generator=torch.Generator().manual_seed(0),
-                                  return_dict_in_generate=True)
-    assert out.sequences.shape == (1, 16) and out.stats.mode is None
+    opts = dict(max_new_tokens=8, do_sample=True, top_k=1, logits_processor=LogitsProcessorList([MyTemperature(0.5)]))
+    out = em.speculative_generate(model, head, ids, tree=TREE, generator=torch.Generator().manual_seed(0),
+                                  return_dict_in_generate=True, **opts)
+    assert torch.equal(out.sequences, model.generate(ids, **opts))
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -399,7 +406,8 @@ def test_graphs_sampling_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 def test_graphs_drop_finished_rows_cuda():
     """Rows that stop early leave the captured engine's batch (4 rows, then 2, then 1): generate()'s tokens, one
-    graph per batch size, and a second call replays them all without capturing."""
+    graph per batch size, and once a call has run at the cache length calls of this shape reach (the cache grows
+    with the tokens, and is kept), a later call replays them all without capturing."""
     from tests.test_batch import _batch
 
     model = tiny_model("llama").cuda()
@@ -412,6 +420,7 @@ def test_graphs_drop_finished_rows_cuda():
     assert len(stops) >= 3
     head = em.Eagle3Head.from_target(model).cuda()
     kw = dict(attention_mask=mask, max_new_tokens=30, tree=TREE, return_dict_in_generate=True)
+    em.speculative_generate(model, head, ids, **kw)  # grows the cache to what these calls reach
     first = em.speculative_generate(model, head, ids, **kw)
     runner = em.decoder(model, head).runner
     n = runner.captures
@@ -425,8 +434,8 @@ def test_graphs_drop_finished_rows_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 def test_graphs_sampled_batch_cuda():
     """Sampling in the captured engine (the draft, and the acceptance with its noise drawn outside the graph) over a
-    batch whose first row stops early (2 rows, then 1): the eager engine's tokens for one seed, at the first call and
-    at the second, which captures nothing."""
+    batch whose first row stops early (2 rows, then 1): the eager engine's tokens for one seed at every call, and
+    once a call has grown the kept cache to what these calls reach, a later call captures nothing."""
     model = tiny_model("llama").cuda()
     ids = prompt(8, batch=2, seed=3).cuda()
     head = em.Eagle3Head.from_target(model).cuda()
@@ -440,6 +449,7 @@ def test_graphs_sampled_batch_cuda():
     eos = next(int(t) for t in free[0] if int(t) not in free[1].tolist())  # row 0 stops there, row 1 goes on
     model.generation_config.eos_token_id = eos
     eager = run(cache_implementation="static", compile=False)
+    run()  # grows the kept cache to what these calls reach
     first = run()
     runner = em.decoder(model, head).runner
     captures = runner.captures
@@ -555,3 +565,108 @@ def test_a_compile_failure_falls_back_with_a_warning(monkeypatch, caplog):
     assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]]) and out.stats.mode == "default"
     failed = {r.getMessage().split(" failed")[0] for r in caplog.records if "runs uncompiled" in r.getMessage()}
     assert len(failed) == 2  # the verify and the update: the steps compile= compiles
+
+
+def _engine_bytes(model, head) -> int:
+    """Bytes of what the engine keeps for this model and head: the target's KV cache and the head's KV buffers."""
+    storage = em.decoder(model, head).storage
+    layers = [la for la in storage.cache.layers if la.is_initialized]
+    return sum(t.nbytes for la in layers for t in (la.keys, la.values)) + sum(
+        t.nbytes for t in (storage.full.head.k, storage.full.head.v))
+
+
+def test_a_huge_max_new_tokens_that_stops_early_allocates_what_it_uses():
+    """max_new_tokens=100000 on a batch of 8 whose rows all stop after one token: the engine's cache grows with the
+    tokens committed, so it holds about what generate()'s does (the prompt's bucket and one block of slots, where
+    the worst case up front was 400,000 slots a row)."""
+    model = tiny_model("llama")
+    ids = prompt(200, batch=8, seed=4)
+    first = model.generate(ids, max_new_tokens=1, do_sample=False)[:, -1]
+    model.generation_config.eos_token_id = sorted(set(first.tolist()))  # every row stops after its first token
+    head = em.Eagle3Head.from_target(model)
+    ref = model.generate(ids, max_new_tokens=100000, do_sample=False, return_dict_in_generate=True)
+    out = em.speculative_generate(model, head, ids, max_new_tokens=100000, tree=TREE)
+    assert torch.equal(out, ref.sequences)
+    theirs = sum(la.keys.nbytes + la.values.nbytes for la in ref.past_key_values.layers)
+    assert _engine_bytes(model, head) < 4 * theirs
+
+
+def _growing_call(device: str):
+    """A tiny model, a batch of 3 rows (one stops early) and a forced head for a 300-token call, on ``device``."""
+    from tests.test_batch import _batch
+
+    model = tiny_model("llama").to(device)
+    ids, mask = (t.to(device) for t in _batch([5, 9, 3]))
+    cont = model.generate(ids, attention_mask=mask, max_new_tokens=300, do_sample=False)[:, ids.shape[1]:]
+    eos = int(cont[0, 60])
+    model.generation_config.eos_token_id = eos  # row 0 stops after 61 tokens at most, the others when they emit it
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=300, do_sample=False)
+    longer = model.generate(ids, attention_mask=mask, max_new_tokens=320, do_sample=False)
+    pad = ids.shape[1] - mask.sum(1)
+    by_pos = torch.stack([torch.roll(longer[b], -int(pad[b])) for b in range(3)])
+    wrong = torch.rand(by_pos.shape, generator=torch.Generator().manual_seed(2)).to(device) < 0.2
+    return model, ids, mask, ref, ForcedHead(em.Eagle3Head.from_target(model), by_pos, wrong)
+
+
+def _spy_growth(monkeypatch) -> list:
+    from eagle_mm.decode.storage import Storage
+
+    lengths, grow = [], Storage.grow
+    monkeypatch.setattr(Storage, "grow", lambda self, n: (lengths.append(n), grow(self, n))[1])
+    return lengths
+
+
+def test_the_cache_grows_as_tokens_are_committed_and_a_small_call_releases_it(monkeypatch):
+    """A long call starts small and grows its cache in steps (doubling) as rows commit tokens, with generate()'s
+    tokens in a batch whose rows stop at different times; a later short call does not keep the long call's cache."""
+    import weakref
+
+    model, ids, mask, ref, head = _growing_call("cpu")
+    lengths = _spy_growth(monkeypatch)
+    out = em.speculative_generate(model, head, ids, attention_mask=mask, max_new_tokens=300, tree=CHAIN)
+    assert torch.equal(out, ref)
+    assert len(lengths) >= 2 and all(b == 2 * a for a, b in zip(lengths, lengths[1:]))  # grown by doubling
+    storage = em.decoder(model, head).storage
+    big = weakref.ref(storage.cache.layers[0].keys)
+    assert big().shape[2] == lengths[-1]
+    em.speculative_generate(model, head, ids, attention_mask=mask, max_new_tokens=4, tree=CHAIN)
+    assert big() is None and storage.cache.layers[0].max_cache_len < lengths[-1]
+
+
+def test_release_frees_what_the_engine_keeps():
+    """eagle_mm.release(model, head): the decoder's cache, buffers and graphs go (their memory with them); the next
+    call allocates again and decodes as before; eagle_mm.release(model): every head used with the model."""
+    import weakref
+
+    model = tiny_model("llama")
+    ids = prompt(8)
+    head, ref = _forced(model, ids, torch.ones_like(ids), 12)
+    other = em.Eagle3Head.from_target(model)
+    for h in (head, other):
+        assert torch.equal(_run(model, h, ids, None, 12, TREE).sequences[:, :8], ids)
+    dec = em.decoder(model, head)
+    kept = [weakref.ref(dec.storage.cache.layers[0].keys), weakref.ref(dec.storage.full.head.k)]
+    em.release(model, head)
+    assert all(r() is None for r in kept) and em.decoder(model, head) is not dec
+    assert em.decoder(model, other).storage.cache is not None  # another head's decoder is left alone
+    assert torch.equal(_run(model, head, ids, None, 12, TREE).sequences, ref[:, : ids.shape[1] + 12])
+    em.release(model)  # every head used with the model
+    assert all(em.decoder(model, h).storage.cache is None for h in (head, other))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_the_cache_grows_in_the_captured_engine_cuda(monkeypatch):
+    """Growing mid-call in the captured engine (new addresses, new graphs, a draft queued ahead moved along):
+    generate()'s tokens; a second call starts at the length the first reached, and a third captures nothing."""
+    model, ids, mask, ref, head = _growing_call("cuda")
+    head._head.cuda()
+    lengths = _spy_growth(monkeypatch)
+    kw = dict(attention_mask=mask, max_new_tokens=300, tree=CHAIN, return_dict_in_generate=True)
+    outs = [em.speculative_generate(model, head, ids, **kw) for _ in range(2)]
+    assert outs[0].stats.mode == "graphs" and len(lengths) >= 2
+    runner = em.decoder(model, head).runner
+    n = runner.captures
+    outs.append(em.speculative_generate(model, head, ids, **kw))
+    assert runner.captures == n
+    for out in outs:
+        assert torch.equal(out.sequences, ref)

@@ -98,6 +98,38 @@ def test_tree_not_a_tree_config(model, head, tree):
     _fails(model, head, TypeError, re.escape(f"tree={tree!r}: expected a TreeConfig"), input_ids=prompt(4), tree=tree)
 
 
+def test_assistant_model_is_refused(model, head):
+    """generate()'s assisted decoding takes a whole draft model; speculative_generate drafts with the head."""
+    assistant = tiny_model("llama", num_hidden_layers=1)
+    calls = []
+    handle = assistant.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        _fails(model, head, ValueError, r"assistant_model=LlamaForCausalLM.*drafts with the head.*drop",
+               input_ids=prompt(4), assistant_model=assistant)
+    finally:
+        handle.remove()
+    assert calls == []
+
+
+def test_a_fractional_max_new_tokens_is_taken_as_generate_takes_it(model, head):
+    ids = prompt(6)
+    out = em.speculative_generate(model, head, ids, max_new_tokens=2.5, do_sample=False)
+    assert torch.equal(out, model.generate(ids, max_new_tokens=2.5, do_sample=False))
+
+
+def test_a_causal_lm_as_the_head(model):
+    other = tiny_model("llama", num_hidden_layers=1)
+    _fails(model, other, TypeError, r"head must be an EagleHead/Eagle3Head, got LlamaForCausalLM.*load_head",
+           input_ids=prompt(4))
+
+
+def test_input_ids_on_the_meta_device(model, head):
+    ids = torch.zeros(1, 5, dtype=torch.long, device="meta")
+    _fails(model, head, ValueError, r"input_ids.*meta device.*no data", input_ids=ids)
+    _fails(model, head, ValueError, r"attention_mask.*meta device.*no data", input_ids=prompt(5),
+           attention_mask=torch.ones(1, 5, dtype=torch.long, device="meta"))
+
+
 def test_tree_top_k_larger_than_draft_vocab(model, head):
     tree = em.TreeConfig(depth=2, top_k=200, total_tokens=10)
     _fails(model, head, ValueError, "top_k=200", input_ids=prompt(4), tree=tree)

@@ -172,7 +172,7 @@ def test_length_processors_run_batched_as_per_node():
     from transformers import LogitsProcessorList, MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, \
         TemperatureLogitsWarper
 
-    from eagle_mm.decode.processors import node_paths, process_tree_logits
+    from eagle_mm.decode.processors import CallRows, node_paths, process_tree_logits
     from eagle_mm.decode.tree import Tree
 
     g = torch.Generator().manual_seed(0)
@@ -183,8 +183,9 @@ def test_length_processors_run_batched_as_per_node():
     procs = LogitsProcessorList([MinNewTokensLengthLogitsProcessor(8, 4, torch.tensor([3])),
                                  TemperatureLogitsWarper(0.7), MinLengthLogitsProcessor(12, torch.tensor([5]))])
     logits = torch.randn(2, 5, 10, generator=g)
-    got = process_tree_logits(procs, rows, tree, logits, 3)
-    assert torch.equal(process_tree_logits(procs, [9, 11], tree, logits, 3), got)  # lengths alone: the same
+    got = process_tree_logits(procs, CallRows(rows, [0, 1]), tree, logits, 3)
+    lengths = CallRows([9, 11], [0, 1])
+    assert torch.equal(process_tree_logits(procs, lengths, tree, logits, 3), got)  # lengths alone: the same
     paths = tree.tokens.gather(1, node_paths(parent, depth, 3).flatten(1)).view(2, 5, -1)
     for b in range(2):
         for i in range(5):
@@ -192,7 +193,7 @@ def test_length_processors_run_batched_as_per_node():
             assert torch.equal(got[b, i], procs(seq, logits[b, i][None].float())[0]), (b, i)
     assert torch.isinf(got).any() and not torch.isinf(got).all()  # the case exercises both sides of each minimum
     # Every row past both minimums (decided on the host, no masking): only the temperature acts.
-    assert torch.equal(process_tree_logits(procs, [12, 13], tree, logits, 3), logits / 0.7)
+    assert torch.equal(process_tree_logits(procs, CallRows([12, 13], [0, 1]), tree, logits, 3), logits / 0.7)
 
 
 def test_output_logits_and_scores_equal_generate():
@@ -212,3 +213,21 @@ def test_output_logits_and_scores_equal_generate():
     for ours, theirs in zip(out.logits + out.scores, ref.logits + ref.scores):
         torch.testing.assert_close(ours, theirs.float(), rtol=1e-4, atol=1e-4)
     assert not all(torch.equal(a, b) for a, b in zip(out.logits, out.scores))  # the penalty changed the scores
+
+
+def test_repetition_penalty_with_left_padding_equals_generate(monkeypatch):
+    """generate() gives the repetition penalty each row's padding length (a (B,) tensor) so that the pad tokens are
+    not penalized; each row's nodes see their own row's, batched per row (not the one-node-per-row path)."""
+    from eagle_mm.decode import processors
+
+    monkeypatch.setattr(processors, "_exact", lambda *a: pytest.fail("a row-wise penalty took the exact path"))
+    model = tiny_model("llama")
+    ids, mask = prompt(9, batch=3), torch.ones(3, 9, dtype=torch.long)
+    for b, pad in enumerate((4, 0, 2)):
+        ids[b, :pad], mask[b, :pad] = 0, 0
+    opts = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, repetition_penalty=1.4)
+    ref = model.generate(ids, **opts)
+    head = em.Eagle3Head.from_target(model)
+    for tree in (CHAIN, em.TreeConfig(depth=3, top_k=3, total_tokens=8)):
+        out = em.speculative_generate(model, head, ids, tree=tree, **opts)
+        assert torch.equal(out, ref), tree

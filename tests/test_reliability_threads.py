@@ -90,3 +90,49 @@ def test_threads_give_lone_run_results_and_stats(target, kind):
     assert not errors, errors
     for job, got, want in zip(_jobs(), results, lone):
         assert torch.equal(got[0], want[0]) and got[1:] == want[1:], f"job {job}: {got[1:]} vs lone {want[1:]}"
+
+
+def _run_threads(jobs: list) -> list:
+    """Run each job (a callable) in its own thread, all started together; their results, or the first error."""
+    start = threading.Barrier(len(jobs))
+    results, errors = [None] * len(jobs), []
+
+    def run(i):
+        try:
+            start.wait()
+            results[i] = jobs[i]()
+        except Exception as e:  # reported below with the job
+            errors.append((i, repr(e)))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.float32, torch.bfloat16)],
+                         ids=["fp32+fp32", "fp32+bf16"])
+def test_two_models_sharing_one_head_in_two_threads(target, dtypes):
+    """One head loaded once, used with a model and its copy (of another dtype too) in two threads at once: each call
+    gives what it gives alone (fp32: generate()'s tokens; bf16 rounds a verify of several tokens otherwise)."""
+    import copy
+
+    models = [copy.deepcopy(target).to(d) for d in dtypes]
+    head = Eagle3Head.from_target(target)
+    # Per model: three calls, of the same shapes in both threads (the engine's buffers would be shared as they are).
+    calls = [[(prompt(6 + i, batch=1 + i % 2, seed=20 + i + 4 * m), 24) for i in range(3)] for m in range(2)]
+
+    def decode(m):
+        return [eagle_mm.speculative_generate(models[m], head, ids, max_new_tokens=n, do_sample=False)
+                for ids, n in calls[m]]
+
+    want = [decode(0), decode(1)]
+    assert all(torch.equal(out, models[0].generate(ids, max_new_tokens=n, do_sample=False))
+               for out, (ids, n) in zip(want[0], calls[0]))
+    got = _run_threads([lambda: decode(0), lambda: decode(1)])
+    for m in range(2):
+        for i in range(3):
+            assert torch.equal(got[m][i], want[m][i]), (dtypes[m], i)

@@ -1,18 +1,17 @@
-"""skinny_linears: few-row CPU linears as W @ x^T, scoped to a block, the same values as F.linear."""
+"""skinny_linears: few-row CPU linears as W @ x^T, in one thread, within a block; the same values as F.linear."""
 from __future__ import annotations
 
 import threading
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from eagle_mm.decode import skinny
 from eagle_mm.decode.skinny import skinny_linears
 
 
-class _Sub(nn.Linear):  # a subclass (quantized and adapter layers are): keeps its own forward
+class _Sub(nn.Linear):  # a subclass (quantized and adapter layers are) still calls F.linear
     pass
 
 
@@ -26,58 +25,59 @@ def test_same_values_as_linear(shape):
     net = _net()
     x = torch.randn(*shape)
     want = net(x)
-    with skinny_linears(net):
+    with skinny_linears():
         got = net(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_the_few_row_path_is_taken_and_undone(monkeypatch):
-    net = _net()
+def _spy_mm(monkeypatch) -> list:
     calls = []
     real_mm = torch.mm
-    monkeypatch.setattr(skinny.torch, "mm", lambda a, b: calls.append(tuple(a.shape)) or real_mm(a, b))
-    with skinny_linears(net):
-        assert all("forward" in m.__dict__ for m in net[:3] if type(m) is nn.Linear)
-        assert "forward" not in net[3].__dict__  # the subclass keeps its own
+    monkeypatch.setattr(skinny.torch, "mm", lambda a, b: calls.append((threading.get_ident(), tuple(a.shape)))
+                        or real_mm(a, b))
+    return calls
+
+
+def test_the_few_row_path_is_taken_within_the_block_only(monkeypatch):
+    net = _net()
+    calls = _spy_mm(monkeypatch)
+    with skinny_linears():
         net(torch.randn(4, 16))
-        assert calls == [(32, 16), (8, 32)]  # both plain linears as W @ x^T
+        assert [shape for _, shape in calls] == [(32, 16), (8, 32), (4, 8)]  # every linear as W @ x^T
         calls.clear()
         net(torch.randn(1, 16))  # one row: F.linear
         net(torch.randn(skinny.MAX_ROWS + 1, 16))  # many rows: F.linear
         net.double()(torch.randn(4, 16, dtype=torch.float64))  # not fp32: F.linear
         assert calls == []
-    assert not any("forward" in m.__dict__ for m in net.modules())
+        net.float()
+    net(torch.randn(4, 16))  # after the block: F.linear
+    assert calls == []
+    assert not any("forward" in vars(m) for m in net.modules())  # nothing was set on a module
 
 
-def test_leaves_instance_hooks_alone_and_nests():
+def test_only_the_thread_in_the_block_is_affected(monkeypatch):
+    """Another thread's forward, run while this one is in the block, takes F.linear: its values are bit for bit
+    those of a forward with no block anywhere."""
     net = _net()
-    hooked = net[0]
-    hooked.forward = lambda x: F.linear(x, hooked.weight, hooked.bias)  # e.g. accelerate's hook
-    mine = hooked.forward
-    with skinny_linears(net):
-        assert hooked.forward is mine
-        with skinny_linears(net):
-            inner = net[2].forward
-        assert net[2].forward is inner  # still replaced: the outer block uses it
-    assert hooked.forward is mine and "forward" not in net[2].__dict__
+    x = torch.randn(4, 16)
+    want = net(x)
+    calls = _spy_mm(monkeypatch)
+    inside, done, got = threading.Event(), threading.Event(), {}
 
+    def other():
+        inside.wait(30)
+        got["out"] = net(x)
+        done.set()
 
-def test_concurrent_blocks_share_one_replacement():
-    net = _net()
-    inside, release = threading.Barrier(2), threading.Event()
-
-    def decode():
-        with skinny_linears(net):
-            inside.wait()
-            release.wait()
-
-    workers = [threading.Thread(target=decode) for _ in range(2)]
-    for w in workers:
-        w.start()
-    release.set()
-    for w in workers:
-        w.join()
-    assert not any("forward" in m.__dict__ for m in net.modules())
+    worker = threading.Thread(target=other)
+    worker.start()
+    with skinny_linears():
+        inside.set()
+        assert done.wait(30)
+        net(x)
+    worker.join(30)
+    assert torch.equal(got["out"], want)
+    assert {ident for ident, _ in calls} == {threading.get_ident()}
 
 
 def test_the_default_cpu_call_uses_it_and_gives_generates_tokens(monkeypatch):
@@ -89,17 +89,58 @@ def test_the_default_cpu_call_uses_it_and_gives_generates_tokens(monkeypatch):
     ids = prompt(10)
     ref = model.generate(ids, max_new_tokens=12, do_sample=False)
     rows = []
-    real = skinny._forward
-    monkeypatch.setattr(skinny, "_forward", lambda m, x: rows.append(x.numel() // x.shape[-1]) or real(m, x))
+    real = skinny._linear
+    monkeypatch.setattr(skinny, "_linear", lambda x, *a, **k: rows.append(x.numel() // x.shape[-1]) or real(x, *a, **k))
     out = em.speculative_generate(model, head, ids, max_new_tokens=12, do_sample=False)
     assert torch.equal(out, ref)
     assert any(2 <= r <= skinny.MAX_ROWS for r in rows)  # the verify's few rows went through W @ x^T
-    assert not any("forward" in m.__dict__ for m in (*model.modules(), *head.modules()))  # given back
 
 
 def test_output_is_laid_out_as_linears():
     """Models view their projections (Llama 4's rotary calls view_as_complex): the last stride must be 1."""
     net = _net()
-    with skinny_linears(net):
+    with skinny_linears():
         y = net[0](torch.randn(2, 3, 16))
     assert y.is_contiguous() and y.shape == (2, 3, 32)
+
+
+def test_another_threads_forward_is_untouched_during_a_call():
+    """While a speculative call runs a verify forward (on a CPU, where it takes few-row linears as W @ x^T), a plain
+    forward of the same model in another thread computes exactly what it computes with no call running, and no
+    module of the model or head has anything set on it."""
+    import eagle_mm as em
+    from tests.tiny import prompt, tiny_model
+
+    model = tiny_model("llama")
+    head = em.Eagle3Head.from_target(model)
+    other = prompt(7, seed=5)  # 7 rows through every linear: the few-row case
+    with torch.no_grad():
+        want = model(other).logits
+    before = {name: dict(vars(m)) for name, m in (*model.named_modules(), *head.named_modules())}
+    decoding, mid_call, forward_done, seen = threading.get_ident(), threading.Event(), threading.Event(), {}
+    calls = []
+
+    def meanwhile(module, args):  # in the decoding thread, inside its second forward: the first verify
+        if threading.get_ident() == decoding:
+            calls.append(1)
+            if len(calls) == 2:
+                seen["dicts"] = {name: dict(vars(m)) for name, m in (*model.named_modules(), *head.named_modules())}
+                mid_call.set()
+                assert forward_done.wait(60)
+
+    def plain():
+        assert mid_call.wait(60)
+        with torch.no_grad():
+            seen["got"] = model(other).logits
+        forward_done.set()
+
+    hook = model.model.layers[3].register_forward_pre_hook(meanwhile)
+    worker = threading.Thread(target=plain)
+    worker.start()
+    try:
+        em.speculative_generate(model, head, prompt(10), max_new_tokens=12, do_sample=False)
+    finally:
+        hook.remove()
+        worker.join(60)
+    assert torch.equal(seen["got"], want)
+    assert seen["dicts"] == before

@@ -248,7 +248,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
             "--target DIR --head DIR [--head DIR ...] --prompt TEXT [--prompt TEXT ...]."
         ),
     )
-    parser.add_argument("--target", metavar="DIR", help="local target model directory (default: the zoo's code-tiny)")
+    parser.add_argument("--target", metavar="DIR", help="local target model directory or .gguf file (default: the "
+                        "zoo's code-tiny)")
     parser.add_argument("--head", action="append", metavar="DIR", help="draft head directory, with --target "
                         "(repeat to compare heads); loaded in the target's dtype")
     parser.add_argument("--zoo-dir", metavar="DIR", help="a zoo model directory (default: code-tiny as eagle_mm.zoo "
@@ -318,13 +319,15 @@ def _load(args: argparse.Namespace):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..heads.io import load_head
+    from ..target.gguf import model_source
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dtype is None:
         dtype = torch.float32 if device.type == "cpu" else "auto"
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    source = model_source(args.target)  # a GGUF file's converted folder
+    tokenizer = AutoTokenizer.from_pretrained(source)
     # sdpa: flash-attention kernels cannot take the tree mask.
-    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, attn_implementation="sdpa",
+    target = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa",
                                                   device_map=device).eval()
     heads = {}
     for path in args.head:

@@ -9,12 +9,9 @@ from ..config import TreeConfig
 from ..heads.base import layout_names
 from ..heads.engines import export_head, export_notes, serving_command
 from ..heads.io import load_head
-from .util import add_tree_args, tree_kwargs
+from .util import add_tree_args, check_model_dir, tree_kwargs
 
 __all__ = ["add_export_parser", "run_export"]
-
-_CONFIG = "config.json"
-
 
 def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     """Declare `eagle-mm export`; its handler is ``run_export``."""
@@ -28,7 +25,8 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="eagle (official), vllm, sglang or speculators (docs/serving.md tables them)")
     parser.add_argument("--output", required=True, metavar="OUT_DIR", help="directory to write (created if missing)")
     parser.add_argument("--target", metavar="TARGET_DIR",
-                        help="local target model directory: checks sizes and aux layers, named in the command")
+                        help="local target model directory or .gguf file: checks sizes and aux layers, named in the "
+                             "command")
     parser.add_argument("--engine-version", metavar="VERSION",
                         help="the vLLM (vllm, speculators layouts) or SGLang (sglang layout) release you serve with, "
                              "e.g. 0.17.1: refuses aux layers it cannot capture (default: the newest conventions)")
@@ -44,15 +42,18 @@ def run_export(args: argparse.Namespace) -> int:
                      f"save_pretrained or a downloaded EAGLE head")
     if out.resolve() == head_dir.resolve():
         return _fail("--output must differ from HEAD_DIR: exporting in place would overwrite the source head")
-    if args.target is not None and not (Path(args.target) / _CONFIG).is_file():
-        return _fail(f"--target {args.target!r} has no {_CONFIG}; pass a local target model directory")
+    problem = None if args.target is None else check_model_dir(args.target, "--target")
+    if problem:
+        return _fail(problem)
     try:
         tree = TreeConfig(**tree_kwargs(args))
         target_config = None
         if args.target is not None:
             from transformers import AutoConfig  # here, so `eagle-mm --help` stays fast
 
-            target_config = AutoConfig.from_pretrained(args.target, local_files_only=True)
+            from ..target.gguf import model_source
+
+            target_config = AutoConfig.from_pretrained(model_source(args.target), local_files_only=True)
         head = load_head(head_dir)
         export_head(head, out, args.layout, target_config=target_config, engine_version=args.engine_version)
         print(f"wrote {type(head).__name__} in the {args.layout} layout to {out}")

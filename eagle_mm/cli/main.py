@@ -36,7 +36,7 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
             "runs model.generate with the same options and prints the speed-up."
         ),
     )
-    parser.add_argument("--target", required=True, metavar="DIR", help="local target model directory")
+    parser.add_argument("--target", required=True, metavar="DIR", help="local target model directory or .gguf file")
     parser.add_argument("--head", required=True, metavar="DIR", help="local draft head directory")
     parser.add_argument("--prompt", required=True, metavar="TEXT")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
@@ -84,14 +84,16 @@ def _load_for_generate(args: argparse.Namespace):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import eagle_mm
+    from ..target.gguf import model_source
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = args.dtype
     if dtype == "auto" and device.type == "cpu":
         dtype = "float32"
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    source = model_source(args.target)  # a GGUF file's converted folder
+    tokenizer = AutoTokenizer.from_pretrained(source)
     # sdpa: flash-attention kernels cannot take the tree mask.
-    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, attn_implementation="sdpa",
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa",
                                                  device_map=device).eval()
     head = eagle_mm.load_head(args.head, target=model, dtype=model.dtype)
     return model, tokenizer, head

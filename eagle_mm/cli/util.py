@@ -46,15 +46,21 @@ def fail(message: str) -> int:
 
 
 def check_model_dir(path: str, flag: str = "--target", head_flag: str = "--head") -> str | None:
-    """The problem with ``path`` as a local Hugging Face model directory, or None.
+    """The problem with ``path`` as a local Hugging Face model directory or GGUF file, or None.
 
     A reference model's root (``eagle_mm.zoo``: it holds ``target/`` and the heads beside it) is named as such,
     with the directory to pass instead, rather than left to fail deep inside ``from_pretrained``; so is a draft
-    head's directory, with the flag that takes it (``head_flag``).
+    head's directory, with the flag that takes it (``head_flag``). A ``.gguf`` file needs the gguf package: its
+    absence is named here, with the install command.
     """
+    from ..target.gguf import gguf_problem, is_gguf
+
+    if is_gguf(path):
+        return gguf_problem(path, flag)
     root = Path(path)
     if not root.is_dir():
-        return f"no such directory: {path}; pass {flag} a local model directory (what save_pretrained writes)"
+        return (f"no such directory: {path}; pass {flag} a local model directory (what save_pretrained writes) "
+                f"or a .gguf file")
     if (root / "config.json").is_file():
         if _is_draft_head(root / "config.json"):
             return (f"{path} is a draft head, not a target: pass it with {head_flag}, and the model it drafts for "

@@ -210,7 +210,7 @@ def measure_costs(model, head, decode, *, sizes=SIZES, top_ks=TOP_KS, depth: int
     1 and top_k 1 are always measured: the loop overhead is the residual of a chain of one."""
     head.attach(model)
     timing = dict(prefix_len=prefix_len, batch_size=batch_size, repeats=repeats, warmup=warmup)
-    with skinny_linears(model, head):  # the linears an eager CPU decode runs (it touches CPU fp32 linears only)
+    with skinny_linears():  # the linears an eager CPU decode runs (it touches CPU fp32 linears only)
         partial = DeviceCosts(verify=measure_verify_cost(model, sorted(set(sizes) | {1}), **timing),
                               draft=measure_draft_cost(head, sorted(set(top_ks) | {1}), depth=depth, **timing))
     fixed = measure_loop_overhead(model, head, partial, decode, prefix_len=prefix_len, batch_size=batch_size,

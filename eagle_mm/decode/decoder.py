@@ -1,14 +1,17 @@
 """One decoder per (target model, draft head, device): everything the engine keeps between calls, on one object.
 
 As vLLM's ``EagleProposer`` holds a drafter's buffers, a ``Decoder`` holds the lock that makes the calls on it take
-turns, the storage (the target's static cache, the head's buffers: ``storage.py``), the runner (the CUDA graphs and
-compiled steps bound to that storage: ``runner.py``), one generator-less draft sampler per warper setting (what a
-captured draft is keyed on) and the feature capture (hooks on the target's layers, present only inside a call).
-``decoder(model, head)`` returns it, made on first use; ``close()`` frees what it holds. The decode loop
-(``loop.py``) runs the steps on it, one call at a time.
+turns, the copy of the head it decodes with (``bound.py``: never the caller's head), the storage (the target's
+static cache, the head's buffers: ``storage.py``), the runner (the CUDA graphs and compiled steps bound to that
+storage: ``runner.py``), one generator-less draft sampler per warper setting (what a captured draft is keyed on) and
+the feature capture (hooks on the target's layers, present only inside a call). ``decoder(model, head)`` returns
+it, made on first use; ``close()`` frees what it holds, and ``release(model, head=None)`` closes a model's decoders.
+The decode loop (``loop.py``) runs the steps on it, one call at a time.
 
-A head's decoders live in a table on the head object, weakly keyed by the target model (a decoder does not keep its
-target alive), so that nothing is held at module level. Copying or pickling a head copies no decoder.
+A head's decoders live in a table on the head object, weakly keyed by the target model, and refer back to neither
+(dropping either frees them at once). Copying or pickling a head copies no decoder. The one module-level table is
+an index of weak references from a model to the heads that decoded with it, for ``release(model)``: it holds no
+state of the engine's.
 """
 from __future__ import annotations
 
@@ -21,27 +24,20 @@ import torch
 
 from ..target.compat import cache_kwarg
 from ..target.features import FeatureCapture
+from ..heads.base import PerTarget
 from ..target.parts import execution_device, resolve_target
+from .bound import head_copy, stamp
 from .draft import scratch_slots
 from .masks import layer_kinds
 from .runner import Runner
-from .storage import Storage, cache_length, prefill_length
+from .storage import Storage, cache_length, first_length, prefill_length
 
-__all__ = ["Decoder", "decoder"]
+__all__ = ["Decoder", "decoder", "release"]
 
-_TABLE = "_eagle_mm_decoders"  # the attribute of a head that holds its decoders
+_TABLE = "_per_target"  # the attribute of a head that holds its decoders (``DraftHead`` makes it; a wrapper gets one)
 _MAKING = threading.Lock()  # makes each decoder once when threads ask for it together
 _SAMPLERS_KEPT = 16
-
-
-class _Decoders(weakref.WeakKeyDictionary):
-    """model -> {device: Decoder}. Never copied or pickled with its head: a copy starts without decoders."""
-
-    def __deepcopy__(self, memo):
-        return type(self)()
-
-    def __reduce__(self):
-        return type(self), ()
+_HEADS_OF: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> WeakSet of heads (release's index)
 
 
 def decoder(model, head, device=None) -> "Decoder":
@@ -49,15 +45,29 @@ def decoder(model, head, device=None) -> "Decoder":
     made on first use. ``speculative_generate`` decodes through it; its ``close()`` frees its memory."""
     device = torch.device(device) if device is not None else execution_device(model.get_input_embeddings())
     with _MAKING:
-        table = vars(head).get(_TABLE)
-        if table is None:
-            table = _Decoders()
+        table = vars(head).get(_TABLE)  # model -> {device: Decoder}
+        if table is None:  # an object that only behaves like a head (a wrapper around one)
+            table = PerTarget()
             object.__setattr__(head, _TABLE, table)  # a plain attribute, never a module, parameter or buffer
         per_device = table.setdefault(model, {})
         dec = per_device.get(device)
         if dec is None:
             dec = per_device[device] = Decoder(model, head, device)
+            _HEADS_OF.setdefault(model, weakref.WeakSet()).add(head)
         return dec
+
+
+def release(model, head=None) -> None:
+    """Free what the engine keeps for ``model`` between calls: the KV cache, head buffers, captured graphs, compiled
+    steps and head copies of its decoder with ``head`` (of every head used with ``model`` when None; ``close()`` of
+    each). Waits for a call on them to finish. The memory goes back to PyTorch's allocator
+    (``torch.cuda.empty_cache()`` hands it to the driver); the next call allocates and captures again. A call also
+    frees the kept cache itself when it can use fewer slots than that cache holds."""
+    with _MAKING:
+        heads = [head] if head is not None else list(_HEADS_OF.get(model, ()))
+        decoders = [d for h in heads for d in (vars(h).get(_TABLE) or {}).get(model, {}).values()]
+    for dec in decoders:
+        dec.close()
 
 
 class Decoder:
@@ -81,22 +91,17 @@ class Decoder:
         self.runner = Runner()
         self._samplers: OrderedDict = OrderedDict()  # DraftSampler.settings() -> generator-less sampler
         self._capture: FeatureCapture | None = None
+        self._bound = None  # (stamp, the head copy this decoder decodes with)
         self._running = False
         self.tree = self.sampler = self.generator = None
 
     @property
     def model(self):
-        model = self._model()
-        if model is None:
-            raise RuntimeError("this decoder's target model no longer exists")
-        return model
+        return _alive(self._model, "target model")
 
     @property
     def head(self):
-        head = self._head()
-        if head is None:
-            raise RuntimeError("this decoder's draft head no longer exists")
-        return head
+        return _alive(self._head, "draft head")
 
     @property
     def setup(self) -> float:
@@ -130,12 +135,25 @@ class Decoder:
             self.storage.release()
             self.runner.reset()
             self._samplers.clear()
-            self._capture = self.tree = self.sampler = self.generator = None
+            self._capture = self._bound = self.tree = self.sampler = self.generator = None
             model, head = self._model(), self._head()
             table = vars(head).get(_TABLE, {}) if head is not None else {}
             per_device = table.get(model, {}) if model is not None else {}
             if per_device.get(self.device) is self:
                 del per_device[self.device]
+
+    def bind(self, dtype: torch.dtype):
+        """The copy of the head a call decodes with, attached to the target (whose embeddings are ``dtype``): kept
+        from an earlier call while the head's tensors have not changed (``bound.stamp``); the head itself when it only
+        behaves like one."""
+        head, now = self.head, stamp(self.head, dtype)
+        if now is None:  # not kept: it is the head itself, which holds this decoder
+            head.attach(self.model)  # a wrapper's attach may hand back the head it wraps: decode with the wrapper
+            return head
+        if self._bound is None or self._bound[0] != now:
+            # A shallow copy would share the head's table of decoders (and keep this decoder alive through it).
+            self._bound = (now, head_copy(head, dtype, drop=(_TABLE,)))
+        return self._bound[1].attach(self.model)
 
     def begin(self, tree, mode: str | None, batch: int, prompt_len: int, max_length: int, sampler=None) -> None:
         """Ready the storage and the runner for a call: ``tree`` (TreeConfig), ``mode`` (``options.choose_mode``),
@@ -144,22 +162,33 @@ class Decoder:
         parts = resolve_target(model)
         self.tree, self.generator = tree, sampler.generator if sampler is not None else None
         self.sampler = self._graph_sampler(sampler) if sampler is not None else None
-        new = max_length - prompt_len  # the prompt takes its bucket's slots (text) or its own (images): the larger
-        length = cache_length(prefill_length(prompt_len), prefill_length(prompt_len) + new, batch,
-                              tree.total_tokens + 1, tree.depth)
+        # The prompt takes its bucket's slots (text) or its own (images): the larger.
+        prompt_slots, q_len, grows = prefill_length(prompt_len), tree.total_tokens + 1, mode in (None, "graphs")
+        limit = cache_length(prompt_slots, prompt_slots + max_length - prompt_len, batch, q_len, tree.depth)
+        first = first_length(prompt_slots, limit, q_len, tree.depth) if grows else limit
         kinds = tuple(layer_kinds(parts.text_config, parts.num_layers))
-        if self.storage.prepare(parts.num_layers, batch, length, kinds, cache_kwarg(model), eager=mode is None):
+        generation = self.storage.generation
+        self.storage.prepare(parts.num_layers, batch, limit, first, kinds, cache_kwarg(model), eager=mode is None,
+                             grows=grows)
+        if self.storage.generation != generation:
             self.runner.reset()  # graphs bound to the old memory
         self.runner.begin(mode, self.storage, tree, self.device)
 
     def start(self, k, v, head_pos, root, root_pos, root_out, root_logits) -> None:
         """The prefill's head entries k, v (B, nkv, S, hd) at head_pos (B, S) and the root, into the buffers."""
         t, s = self.tree, self.sampler
-        if self.storage.start(k, v, head_pos, root, root_pos, root_out, root_logits,
-                              scratch=scratch_slots(t.top_k, t.depth), q_len=t.total_tokens + 1,
-                              vocab=s.vocab_size if s is not None else None, width=s.width if s is not None else None):
-            self.runner.reset()  # graphs bound to the old buffers
-            self.runner.begin(self.runner.mode, self.storage, t, self.device)
+        self.storage.start(k, v, head_pos, root, root_pos, root_out, root_logits,
+                           scratch=scratch_slots(t.top_k, t.depth), q_len=t.total_tokens + 1,
+                           vocab=s.vocab_size if s is not None else None, width=s.width if s is not None else None)
+
+    def reserve(self) -> None:
+        """Room for the next cycle's tree: the storage grows first where it must; its graphs are then captured anew
+        (the ones bound to the old memory are dropped)."""
+        generation = self.storage.generation
+        self.storage.reserve(self.tree.total_tokens + 1)
+        if self.storage.generation != generation:
+            self.runner.reset()
+            self.runner.begin(self.runner.mode, self.storage, self.tree, self.device)
 
     def _graph_sampler(self, sampler):
         """One generator-less sampler per warper setting: what the captured draft step is keyed on, so that later
@@ -173,3 +202,10 @@ class Decoder:
         while len(self._samplers) > _SAMPLERS_KEPT:
             self._samplers.popitem(last=False)
         return kept
+
+
+def _alive(ref, what: str):
+    obj = ref()
+    if obj is None:
+        raise RuntimeError(f"this decoder's {what} no longer exists")
+    return obj

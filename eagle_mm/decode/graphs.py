@@ -20,8 +20,8 @@ The contract, the same as the graph trees':
 Objects that are not tensors are part of the signature: plain values (and frozen dataclasses) by value, any other
 object by identity, checked through a weak reference so that a new object at a dead one's address is not taken
 for it. A frozen dataclass compared by identity (``eq=False``: the storage's ``Target`` and ``Buffers``) is keyed
-as the object it is, without looking inside: every tensor it holds must be static and never replaced (the storage
-makes a new object for new memory). ``unkeyed`` positions are left out of the signature and passed as they are:
+so too, without looking inside: every tensor it holds must be static and never replaced (the storage makes a new
+object for new memory). ``unkeyed`` positions are left out of the signature and passed as they are:
 the graph must not depend on them, and they must hold no tensors.
 """
 from __future__ import annotations

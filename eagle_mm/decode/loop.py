@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -25,13 +26,12 @@ from ..target.multimodal import PREFILL_INPUTS, check_images, hide_image_feature
     verify_positions
 from ..target.features import FeatureCapture
 from ..target.parts import resolve_target
-from ..target.streamer import generate_streamer
 from .accept import accept
 from .decoder import Decoder, decoder
 from .draft import DraftSampler, head_entries
-from .options import check_attention, check_generation_config, check_prompt, choose_mode, default_tree, \
-    resolve_tree, split_model_inputs, stop_strings_to_criteria
-from .processors import process_tree_logits, reads_input_ids, reads_tokens
+from .options import call_streamer, check_attention, check_generation_config, check_head, check_prompt, choose_mode, \
+    default_tree, resolve_tree, split_model_inputs, stop_strings_to_criteria
+from .processors import CallRows, needs_call_batch, process_tree_logits, reads_input_ids, reads_tokens
 from .skinny import skinny_linears
 from .state import DecodeState, SpeculativeOutput, SpeculativeStats
 from .runner import step_mode
@@ -68,6 +68,11 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | dict | 
     """
     if "custom_generate" in kwargs:
         raise ValueError("speculative_generate sets custom_generate itself; do not pass it")
+    if kwargs.get("assistant_model") is not None:  # generate() would not pass it on: refused here, by name
+        raise ValueError(f"assistant_model={type(kwargs['assistant_model']).__name__} is not supported: "
+                         f"speculative_generate drafts with the head; drop assistant_model (model.generate("
+                         f"assistant_model=...) runs transformers' assisted generation)")
+    check_head(head)
     ids = inputs if inputs is not None else kwargs.get("input_ids")
     check_attention(model)
     parts = resolve_target(model)
@@ -94,9 +99,8 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     (transformers does not pass it to such callables; ``target.streamer`` reads it from ``generate``), and chooses
     how the steps run with ``eagle_cache_implementation=`` / ``eagle_compile=`` (see ``speculative_generate``).
     """
-    streamer = _streamer(model, eagle_streamer, input_ids)
-    if head is None:
-        raise ValueError("custom_generate needs a draft head: model.generate(..., custom_generate=..., head=head)")
+    streamer = call_streamer(model, eagle_streamer, input_ids)
+    check_head(head)
     if synced_gpus:
         raise ValueError("synced_gpus=True is not supported by speculative decoding")
     gen = generation_config
@@ -105,58 +109,46 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     parts = resolve_target(model)
     mask, position_ids, extra = split_model_inputs(input_ids, model_kwargs, PREFILL_INPUTS if parts.is_vlm else ())
     images = image_prompt(parts, model.config, input_ids, extra) if parts.is_vlm else None
+    dec = decoder(model, head, input_ids.device)
+    head = dec.bind(parts.embed.weight.dtype)  # a copy bound to the target: the caller's head is never changed
     tree, autotree = resolve_tree(tree), None
     if tree == "auto":
         tree, autotree = _auto_tree(model, head, input_ids, mask, images, autotree_inputs)
     elif tree is None:
         tree = default_tree(input_ids.device, input_ids.shape[0], sampled=gen.do_sample)
-    tree = bound_tree(tree, gen.max_length - input_ids.shape[1])  # no deeper than what can be committed
-    _check_cache_room(parts, gen.max_length - 1, tree)  # the last verify is over at most max_length - 2 slots
-    head.attach(model)
+    # generate() takes a fractional max_new_tokens (max_length) and stops at the first length past it.
+    max_length = math.ceil(gen.max_length)
+    tree = bound_tree(tree, max_length - input_ids.shape[1])  # no deeper than what can be committed
+    _check_cache_room(parts, max_length - 1, tree)  # the last verify is over at most max_length - 2 slots
     vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size
     if tree.top_k > vd:
         raise ValueError(f"tree top_k={tree.top_k} exceeds the head's draft vocabulary of {vd} tokens")
-    mode = choose_mode(eagle_cache_implementation, eagle_compile, model, logits_processor, device=input_ids.device)
+    mode = choose_mode(eagle_cache_implementation, eagle_compile, model, device=input_ids.device)
     sampler = DraftSampler.from_processors(logits_processor, head, generator, tree.top_k) if gen.do_sample else None
     stats = SpeculativeStats(accept_counts=[0] * tree.depth, tree=tree, autotree=autotree, mode=mode)
-    dec = decoder(model, head, input_ids.device)
-    # Eager cycles on a CPU: few-row linears as W @ x^T (skinny.py); a compiler chooses its own kernels, and the
-    # prefill keeps generate()'s own arithmetic (its first token and features are bit for bit generate()'s).
-    eager_cpu = input_ids.device.type == "cpu" and mode is None
+    # Eager cycles on a CPU: the verify's and the update's few-row linears as W @ x^T, in this thread only
+    # (skinny.py); a compiler chooses its own kernels, and the prefill keeps generate()'s own arithmetic (its first
+    # token and features are bit for bit generate()'s).
+    linears = skinny_linears() if input_ids.device.type == "cpu" and mode is None else contextlib.nullcontext()
     with dec.running() as cap:
         call = _Call(model, head, dec, cap, gen, logits_processor, reads_input_ids(logits_processor),
-                     Stops.of(stopping_criteria), streamer, generator, stats, parts, parts.position_limit)
+                     Stops.of(stopping_criteria), streamer, generator, stats, parts, parts.position_limit, linears,
+                     pad_token_id(gen))
         setup0 = dec.setup
         t0 = time.perf_counter()
-        dec.begin(tree, mode, input_ids.shape[0], input_ids.shape[1], gen.max_length, sampler)
+        dec.begin(tree, mode, input_ids.shape[0], input_ids.shape[1], max_length, sampler)
         state = _prefill(call, input_ids, mask, position_ids, images)
         stats.time_prefill += time.perf_counter() - t0
-        with skinny_linears(model, head) if eager_cpu else contextlib.nullcontext():
-            while not all(state.finished):
-                _cycle(call, state)
+        while not all(state.finished):
+            _cycle(call, state)
         stats.time_compile = dec.setup - setup0
     if streamer is not None:
         streamer.end()
-    sequences = _assemble(input_ids, state.generated, pad_token_id(gen))
+    sequences = _assemble(input_ids, state.generated, call.pad)
     if not gen.return_dict_in_generate:
         return sequences
     return SpeculativeOutput(sequences=sequences, stats=stats, logits=_per_step(state.logits),
                              scores=_per_step(state.scores))
-
-
-def _streamer(model, eagle_streamer, input_ids: torch.Tensor):
-    """The call's streamer: ``speculative_generate``'s (``eagle_streamer``, sent the prompt here) or the one given to
-    ``model.generate`` (which sent it the prompt itself). A streamer shows one sequence: a batch is refused."""
-    given = generate_streamer(model)
-    if given is not None and eagle_streamer is not None:
-        raise ValueError("both streamer= and eagle_streamer= were given; pass one streamer (streamer=)")
-    streamer = given if given is not None else eagle_streamer
-    if streamer is not None and input_ids.shape[0] > 1:
-        raise ValueError(f"streamer= shows one sequence, but this call decodes {input_ids.shape[0]} rows (prompts "
-                         f"times num_return_sequences); stream one prompt per call, or drop streamer=")
-    if eagle_streamer is not None:
-        eagle_streamer.put(input_ids.cpu())
-    return streamer
 
 
 @dataclass
@@ -176,6 +168,11 @@ class _Call:
     stats: SpeculativeStats
     parts: object  # the target's TargetParts
     limit: int | None  # the target's position limit (TargetParts.position_limit)
+    # The context the verify and the update run in (``skinny_linears`` on a CPU, or none): their forwards take Q and
+    # D+1 rows; every torch call costs a few microseconds more there, so the draft (on a CPU mostly one row per
+    # level) and the host's bookkeeping run outside it.
+    linears: object
+    pad: int  # the token generate() writes after a finished row
 
 
 def _prompt_forward(call: _Call, input_ids, slot_pos, position_ids, images):
@@ -252,6 +249,8 @@ def _cycle(call: _Call, state: DecodeState) -> None:
             state.keep(keep)
         state.shrink = False
     Q = t.total_tokens + 1
+    if store.cur + Q > store.length:  # the engine's cache grows as the rows commit tokens
+        dec.reserve()
     if call.limit is not None:
         _check_cache_room(call.parts, store.cur, t)
     t0 = time.perf_counter()
@@ -261,21 +260,24 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     buf = store.buf  # the tree (B, Q) is in the buffers
     positions = buf.q_pos if state.rope_offsets is None else verify_positions(buf.q_pos, state.rope_offsets)
     write = torch.arange(store.cur, store.cur + Q, device=buf.q_pos.device)  # the tree's slots
-    logits, feats = run.verify(call.model, store.in_use(store.cur + Q), buf, call.cap, write, positions, t.depth)
+    with call.linears:
+        logits, feats = run.verify(call.model, store.in_use(store.cur + Q), buf, call.cap, write, positions, t.depth)
     if dec.sampler is not None and not call.reads_ids:  # input-free warpers: one step with the acceptance
         walk_noise(buf.u, buf.e, dec.generator)  # outside the step, like the draft's
         accept_len, path, bonus, scores = run.accept(buf, logits, dec.sampler, t.depth)  # (B,), (B, D+1), (B, 1)
     else:  # the processors, in their own step, then the acceptance
         tree = Tree(buf.tokens, buf.parent, buf.depth)
         scores = logits if not call.processors and dec.sampler is None else \
-            process_tree_logits(call.processors, _rows(call.processors, state), tree, logits, t.depth)
+            process_tree_logits(call.processors, _rows(call.processors, state, call.pad), tree, logits, t.depth)
         accept_len, path, bonus = accept(tree, scores, buf.q_nodes, t.depth, call.generator)
     # output_logits / output_scores: copied out before the next verify reuses the logits' memory
     kept = _kept_rows(state, path, logits, scores) if state.logits is not None or state.scores is not None else None
     t2 = time.perf_counter()
     # Keep the path, extend the head and set the next root on the device, then start the cycle's one host read of
     # the accept lengths and new tokens.
-    host = store.read(run.update(call.head, store.target, buf, feats, accept_len, path, bonus))  # (B, 1 + D+1)
+    with call.linears:
+        packed = run.update(call.head, store.target, buf, feats, accept_len, path, bonus)  # (B, 1 + D+1)
+    host = store.read(packed)
     t3 = time.perf_counter()
     state.drafted = dec.overlaps  # CUDA: the next draft runs on the device while the host commits
     if state.drafted:
@@ -364,14 +366,17 @@ def _commit(call: _Call, state: DecodeState, tokens: torch.Tensor, accepted: lis
             call.streamer.put(torch.tensor(taken))
 
 
-def _rows(processors, state: DecodeState) -> list:
-    """What the processors read of each storage row: its sequence (B' tensors) if one reads tokens, its length
-    (B' ints) if one reads only that (min-length processors: no per-row tensors each cycle), else nothing."""
+def _rows(processors, state: DecodeState, pad: int) -> CallRows | None:
+    """What the processors read of the call's rows (``CallRows``): the sequences of the rows in the storage (or
+    only their lengths when no processor reads tokens: min-length processors need no per-row tensors each cycle),
+    of every row when a processor may read the row index (``needs_call_batch``); None when none reads them."""
     if not reads_input_ids(processors):
-        return []
-    if reads_tokens(processors):
-        return [state.row(b) for b in state.slots]
-    return [len(state.prompt[b]) + len(state.generated[b]) for b in state.slots]
+        return None
+    seqs: list = [None] * len(state.prompt)
+    rows = range(len(seqs)) if needs_call_batch(processors) else state.slots
+    for b in rows:
+        seqs[b] = state.row(b) if reads_tokens(processors) else len(state.prompt[b]) + len(state.generated[b])
+    return CallRows(seqs, state.slots, pad)
 
 
 def _count(stats: SpeculativeStats, state: DecodeState, acc: list[int], n_draft: int) -> None:

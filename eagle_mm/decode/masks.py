@@ -57,9 +57,9 @@ def tree_masks(kinds: list[LayerKind], slot_pos, q_pos: torch.Tensor, q_allowed:
     """Additive float masks for Q new tokens over the stored slots.
 
     slot_pos: (B, S) positions of the stored slots, or a dict {window: (B, s)} beside key None for the full layers
-    (a ``DynamicCache`` keeps sliding layers compacted); q_pos (B, Q) the new tokens' positions; q_allowed (B, Q, Q) bool,
-    which new tokens each may see (tree ancestry, or causal). ``write`` (Q,): the slots the new tokens are written
-    to (fixed storage; their stored positions must be -1 until then), else they are appended after the S slots.
+    (a ``DynamicCache`` keeps sliding layers compacted); q_pos (B, Q) the new tokens' positions; q_allowed (B, Q, Q)
+    bool, which new tokens each may see (tree ancestry, or causal). ``write`` (Q,): the slots the new tokens are
+    written to (the engine; their stored positions must be -1 until then), else they are appended after the S slots.
     Returns one (B, 1, Q, S or S+Q) tensor, or a dict by layer type when the model mixes kinds.
     """
     neg = torch.finfo(dtype).min

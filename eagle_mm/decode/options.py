@@ -13,14 +13,14 @@ from transformers import StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ..config import TreeConfig
-from ..target.generation import INPUT_FREE, attention_implementation, placement_devices
+from ..target.generation import attention_implementation, placement_devices
+from ..target.streamer import generate_streamer
 from .runner import COMPILE_MODES, CUDA_GRAPH_MODES
-from .processors import capturable_warpers
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_prompt", "stop_strings_to_criteria", "check_generation_config", "check_attention",
-           "split_model_inputs", "choose_mode", "default_tree", "resolve_tree", "CACHE_IMPLEMENTATIONS"]
+__all__ = ["check_head", "check_prompt", "call_streamer", "stop_strings_to_criteria", "check_generation_config",
+           "check_attention", "split_model_inputs", "choose_mode", "default_tree", "resolve_tree", "CACHE_IMPLEMENTATIONS"]
 
 CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
 
@@ -59,11 +59,24 @@ def stop_strings_to_criteria(model, kwargs: dict) -> None:
     kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
 
 
+def check_head(head) -> None:
+    if head is None:
+        raise ValueError("no draft head given: speculative_generate(model, head, ...), or model.generate(..., "
+                         "custom_generate=eagle_mm.custom_generate, head=head)")
+    if not (callable(getattr(head, "attach", None)) and callable(getattr(head, "step", None))):
+        raise TypeError(f"head must be an EagleHead/Eagle3Head, got {type(head).__name__}: load a draft head with "
+                        f"eagle_mm.load_head(path, target=model) (or make one with Eagle3Head.from_target(model))")
+
+
 def check_prompt(ids, mask, vocab_size: int) -> None:
     """Fail early with the shapes and values, before generate() fails deep inside with an index error."""
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or 0 in ids.shape:
         got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"input_ids must be a non-empty (batch, length) tensor, got {got}")
+    for name, t in (("input_ids", ids), ("attention_mask", mask)):
+        if isinstance(t, torch.Tensor) and t.is_meta:
+            raise ValueError(f"{name} is on the meta device, which holds no data: pass a tensor of real values, on "
+                             f"the model's device")
     if ids.is_floating_point() or ids.dtype == torch.bool:
         raise ValueError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
     low, high = int(ids.min()), int(ids.max())
@@ -75,6 +88,21 @@ def check_prompt(ids, mask, vocab_size: int) -> None:
     empty = [] if mask is None else (~mask.bool().any(dim=-1)).nonzero().flatten().tolist()
     if empty:
         raise ValueError(f"prompt row(s) {empty} are empty (attention_mask all 0); give each row at least one token")
+
+
+def call_streamer(model, eagle_streamer, input_ids: torch.Tensor):
+    """The call's streamer: ``speculative_generate``'s (``eagle_streamer``, sent the prompt here) or the one given to
+    ``model.generate`` (which sent it the prompt itself). A streamer shows one sequence: a batch is refused."""
+    given = generate_streamer(model)
+    if given is not None and eagle_streamer is not None:
+        raise ValueError("both streamer= and eagle_streamer= were given; pass one streamer (streamer=)")
+    streamer = given if given is not None else eagle_streamer
+    if streamer is not None and input_ids.shape[0] > 1:
+        raise ValueError(f"streamer= shows one sequence, but this call decodes {input_ids.shape[0]} rows (prompts "
+                         f"times num_return_sequences); stream one prompt per call, or drop streamer=")
+    if eagle_streamer is not None:
+        eagle_streamer.put(input_ids.cpu())
+    return streamer
 
 
 def check_generation_config(gen) -> None:
@@ -163,11 +191,12 @@ def default_tree(device: torch.device, batch: int, sampled: bool = False) -> Tre
     return TreeConfig(depth=4, top_k=2, total_tokens=6)
 
 
-def choose_mode(cache_implementation, compile, model=None, processors=None, *, device=None) -> str | None:
+def choose_mode(cache_implementation, compile, model=None, *, device=None) -> str | None:
     """How the call's steps run (``runner.py``): None eagerly, "graphs" (CUDA graphs of the eager steps, the default
     on CUDA) or a ``torch.compile`` mode. Every call runs the engine's one storage; ``cache_implementation="dynamic"``
-    or ``compile=False`` ask for eager steps. A call whose steps cannot be captured runs them eagerly, with one logged
-    line naming the reason. With ``model`` None only the options are checked."""
+    or ``compile=False`` ask for eager steps. A call whose steps cannot be captured (a target split over devices:
+    a captured step runs on one) runs them eagerly, with one logged line naming the reason. With ``model`` None only
+    the options are checked."""
     if cache_implementation not in CACHE_IMPLEMENTATIONS:
         raise ValueError(f"cache_implementation={cache_implementation!r} is not supported; expected one of "
                          f"{CACHE_IMPLEMENTATIONS[1:]} (or None for the default)")
@@ -185,21 +214,9 @@ def choose_mode(cache_implementation, compile, model=None, processors=None, *, d
         mode = "reduce-overhead" if cuda else "default"
     else:
         mode = compile if cuda or compile not in CUDA_GRAPH_MODES else "default"
-    reason = _not_captured(model, processors) if mode is not None and model is not None else None
-    if reason is not None:
-        logger.warning("speculative_generate runs its steps eagerly (mode=%r asked for): %s", mode, reason)
+    devices = placement_devices(model) if mode is not None and model is not None else []
+    if len(devices) > 1:
+        logger.warning("speculative_generate runs its steps eagerly (mode=%r asked for): the target is split over "
+                       "devices %s, and a captured step runs on one device", mode, devices)
         return None
     return mode
-
-
-def _not_captured(model, processors) -> str | None:
-    """Why the call's steps cannot be captured or compiled, or None."""
-    devices = placement_devices(model)
-    if len(devices) > 1:
-        return f"the target is split over devices {devices}, and a captured step runs on one device"
-    # A subclass of a warper joins the draft's warpers (isinstance), whose code would run inside the draft's graph.
-    odd = [type(p).__name__ for p in processors or [] if isinstance(p, INPUT_FREE) and not capturable_warpers([p])]
-    if odd:
-        return (f"logits processor(s) {odd} subclass a transformers warper, which the draft step would run inside "
-                f"its graph; only transformers' own warpers are captured")
-    return None

@@ -3,14 +3,50 @@
 The distribution after a tree node depends on the path to it, so processors that read ``input_ids``
 (repetition penalty, n-gram bans, min length, ...) see the row's sequence plus the node's path.
 Processors that ignore ``input_ids`` (temperature, top-k/p, min-p, ...) run once on all nodes.
+
+``generate`` calls a processor with the whole batch, row b holding call row b's sequence: a processor may read the
+row index (``prefix_allowed_tokens_fn``'s ``batch_id``, a custom processor that treats rows differently). Only
+transformers' own processors, by exact type, are known to compute each row from its own sequence alone; they run
+on a row's nodes as one batch. With any other processor the whole list runs as ``generate`` calls it: a batch of
+the call's rows where row b holds one node of call row b, the others their own sequences (``_exact``).
 """
 from __future__ import annotations
 
-import torch
-from ..target.generation import INPUT_FREE, LENGTH_ONLY, min_length_rule
+from dataclasses import dataclass
 
-__all__ = ["process_tree_logits", "apply_input_free", "reads_input_ids", "reads_tokens", "node_paths",
-           "capturable_warpers"]
+import torch
+
+from ..target.generation import INPUT_FREE, LENGTH_ONLY, ROW_WISE, for_row, min_length_rule
+
+__all__ = ["CallRows", "process_tree_logits", "apply_input_free", "reads_input_ids", "reads_tokens", "needs_call_batch",
+           "node_paths"]
+
+
+@dataclass
+class CallRows:
+    """What the processors read of the call's rows, as ``generate`` shows them.
+
+    seqs[b]: call row b's sequence so far (1-D, the root included), or only its length (an int) when no processor
+    reads the tokens (``reads_tokens``); None for a row no processor will see. slots[i]: the call row storage row i
+    holds (``DecodeState.slots``). pad: the token ``generate`` appends to a finished row.
+    """
+
+    seqs: list
+    slots: list[int]
+    pad: int = 0
+
+    def storage(self) -> list:
+        """The storage rows' sequences (or lengths), in storage order."""
+        return [self.seqs[b] for b in self.slots]
+
+
+def _row_wise(p) -> bool:
+    return type(p) in INPUT_FREE + LENGTH_ONLY + ROW_WISE
+
+
+def needs_call_batch(processors) -> bool:
+    """Whether some processor may read the row index or other rows: then every row's sequence is needed."""
+    return not all(_row_wise(p) for p in (processors or []))
 
 
 def _length_only(p, base: list[int], depth: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -40,20 +76,15 @@ def apply_input_free(processors, scores: torch.Tensor) -> torch.Tensor:
 
 
 def reads_input_ids(processors) -> bool:
-    """Whether any processor's output may depend on the sequence so far."""
-    return any(not isinstance(p, INPUT_FREE) for p in (processors or []))
+    """Whether any processor's output may depend on the sequence so far (or on anything but its scores row: a
+    subclass of a warper may read the row index)."""
+    return any(type(p) not in INPUT_FREE for p in (processors or []))
 
 
 def reads_tokens(processors) -> bool:
     """Whether any processor reads the tokens so far, not only their number (what ``process_tree_logits`` then
     needs as each row's sequence; the others take each row's length)."""
-    return any(not isinstance(p, INPUT_FREE + LENGTH_ONLY) for p in (processors or []))
-
-
-def capturable_warpers(processors) -> bool:
-    """Whether every processor is exactly one of transformers' input-free warpers (not a subclass): the code the
-    engine's draft step runs inside its graph."""
-    return all(type(p) in INPUT_FREE for p in (processors or []))
+    return any(type(p) not in INPUT_FREE + LENGTH_ONLY for p in (processors or []))
 
 
 def node_paths(parent: torch.Tensor, depth: torch.Tensor, max_depth: int) -> torch.Tensor:
@@ -68,35 +99,72 @@ def node_paths(parent: torch.Tensor, depth: torch.Tensor, max_depth: int) -> tor
     return up.gather(2, src)
 
 
-def process_tree_logits(processors, rows: list, tree, logits: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """Processed fp32 scores (B, N+1, V) of the target's logits at every tree node.
-
-    rows[b]: row b's sequence so far (1-D, the root included), as ``generate`` would pass it, or only its length
-    (an int) when no processor reads the tokens (``reads_tokens``).
-    """
+def process_tree_logits(processors, rows: CallRows, tree, logits: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """Processed fp32 scores (B, N+1, V) of the target's logits at every tree node; ``rows``: the call's rows
+    (``CallRows``), which the B storage rows hold (``rows.slots``)."""
     scores = logits.float()
     if not processors:
         return scores
     B, n, V = scores.shape
     if not reads_input_ids(processors):
         return apply_input_free(processors, scores.reshape(B * n, V)).reshape(B, n, V)
-    if all(isinstance(p, INPUT_FREE + LENGTH_ONLY) for p in processors):
+    if not reads_tokens(processors):
         # Lengths only: each node's sequence is its row's plus its depth; one batched call per processor.
-        base = [r if isinstance(r, int) else r.numel() for r in rows]
+        base = [r if isinstance(r, int) else r.numel() for r in rows.storage()]
         flat = scores.reshape(B * n, V)
         for p in processors:
-            flat = _length_only(p, base, tree.depth, flat) if isinstance(p, LENGTH_ONLY) else \
-                apply_input_free([p], flat)
+            flat = _length_only(p, base, tree.depth, flat) if type(p) in LENGTH_ONLY else apply_input_free([p], flat)
         return flat.reshape(B, n, V)
     paths = tree.tokens.gather(1, node_paths(tree.parent, tree.depth, max_depth).flatten(1)).view(B, n, -1)
-    depth = tree.depth.cpu()  # the slow path groups nodes by depth on the host
+    depth = tree.depth.cpu()  # the slow paths group nodes by depth on the host
+    if needs_call_batch(processors):
+        return _exact(processors, rows, paths, depth, scores)
     out = torch.empty_like(scores)
-    for b in range(B):
-        for d in range(int(depth[b].max()) + 1):
-            nodes = (depth[b] == d).nonzero().flatten().to(scores.device)
+    for i, (b, seq) in enumerate(zip(rows.slots, rows.storage())):
+        row_processors = for_row(processors, b, len(rows.seqs))
+        for d in range(int(depth[i].max()) + 1):
+            nodes = (depth[i] == d).nonzero().flatten().to(scores.device)
             if nodes.numel() == 0:
                 continue
-            prefix = rows[b].to(scores.device).expand(nodes.numel(), -1)
-            seqs = torch.cat((prefix, paths[b, nodes, 1: d + 1]), dim=1)  # (n_d, L_b + d)
-            out[b, nodes] = processors(seqs, scores[b, nodes])
+            prefix = seq.to(scores.device).expand(nodes.numel(), -1)
+            seqs = torch.cat((prefix, paths[i, nodes, 1: d + 1]), dim=1)  # (n_d, L_i + d)
+            out[i, nodes] = row_processors(seqs, scores[i, nodes])
     return out
+
+
+def _exact(processors, rows: CallRows, paths: torch.Tensor, depth: torch.Tensor, scores: torch.Tensor):
+    """Every node through the processors as ``generate`` calls them: a (B_call, L) batch whose row b holds a node of
+    call row b (its sequence, then the node's path), the other rows their own sequences cut or padded to L (as
+    ``generate`` pads a finished row); only row b's output is kept. Nodes whose sequences are L long share calls,
+    one node per call row in each. paths (B, N+1, D+1) node paths' tokens; depth (B, N+1) on the host."""
+    groups: dict[int, list] = {}  # sequence length -> [(storage row, its nodes of that length)]
+    for i, b in enumerate(rows.slots):
+        for d in range(int(depth[i].max()) + 1):
+            nodes = (depth[i] == d).nonzero().flatten().tolist()
+            if nodes:
+                groups.setdefault(rows.seqs[b].numel() + d, []).append((i, nodes))
+    out = torch.empty_like(scores)
+    for length, group in groups.items():
+        base = _filler(rows, length, scores.device)  # (B_call, length)
+        for r in range(max(len(nodes) for _, nodes in group)):
+            seqs, batch_scores, placed = base.clone(), scores.new_zeros(base.shape[0], scores.shape[-1]), []
+            for i, nodes in group:
+                if r < len(nodes):
+                    j, b = nodes[r], rows.slots[i]
+                    start = rows.seqs[b].numel()
+                    seqs[b, start:] = paths[i, j, 1: length - start + 1]
+                    batch_scores[b] = scores[i, j]
+                    placed.append((i, j, b))
+            processed = processors(seqs, batch_scores)
+            for i, j, b in placed:
+                out[i, j] = processed[b]
+    return out
+
+
+def _filler(rows: CallRows, length: int, device) -> torch.Tensor:
+    """(B_call, length): each call row's sequence, cut to ``length`` or padded after its end with ``rows.pad``."""
+    out = torch.full((len(rows.seqs), length), rows.pad, dtype=torch.long)
+    for b, seq in enumerate(rows.seqs):
+        n = min(seq.numel(), length)
+        out[b, :n] = seq[:n]
+    return out.to(device)

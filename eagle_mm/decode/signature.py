@@ -16,8 +16,10 @@ _VALUES = (bool, int, float, str, torch.dtype, torch.device, type(None))
 
 
 def by_value(x) -> bool:
-    return isinstance(x, _VALUES) or (getattr(type(x), "__dataclass_params__", None) is not None
-                                      and type(x).__dataclass_params__.frozen)
+    """Plain values and frozen dataclasses that compare by value; a frozen dataclass compared by identity
+    (``eq=False``: the storage's state objects) is keyed by identity, as other objects are."""
+    params = getattr(type(x), "__dataclass_params__", None)
+    return isinstance(x, _VALUES) or (params is not None and params.frozen and params.eq)
 
 
 class Signature:

@@ -9,6 +9,7 @@ still called on every prefix, in order, so the first prefix that stops is the sa
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,7 @@ __all__ = ["Stops", "first_stop"]
 class Stops:
     """One call's stopping criteria, sorted once by how they answer (``split_criteria``)."""
 
-    max_length: int | None  # the smallest length limit, or None
+    max_length: int | None  # the smallest length limit (a fractional one rounded up, as it fires), or None
     eos: torch.Tensor | None  # (E,) every EOS id, on the host, or None
     timers: tuple  # time limits: they stop every row now, or none
     others: tuple  # asked on every prefix
@@ -33,7 +34,7 @@ class Stops:
         once per call (a copy on every cycle would wait for the work queued on that device)."""
         lengths, eos, timers, others = split_criteria(criteria)
         ids = torch.cat([e.flatten().cpu() for e in eos]) if eos else None
-        return cls(min(lengths, default=None), ids, tuple(timers), tuple(others))
+        return cls(min((math.ceil(n) for n in lengths), default=None), ids, tuple(timers), tuple(others))
 
 
 def first_stop(stops: Stops, seq: torch.Tensor, start: int) -> int | None:

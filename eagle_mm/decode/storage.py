@@ -29,15 +29,17 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..target.cache import cache_slots, cache_view, filled_layers, layer_rows, static_cache, static_rows
+from ..target.cache import cache_slots, cache_view, filled_layers, grown, grown_cache, layer_rows, static_cache, \
+    static_rows
 from ..target.dynamo import mark_static
 from .draft import HeadCache
 
-__all__ = ["Storage", "Target", "Buffers", "plan", "prefill_length", "cache_length"]
+__all__ = ["Storage", "Target", "Buffers", "plan", "prefill_length", "cache_length", "first_length"]
 
 _SLOT_ROUND = 128  # cache lengths are rounded up so that repeated calls reuse one cache and one graph
 _PREFILL_MIN = 16  # the shortest prefill bucket; buckets double from there
 _EAGER_ROUND = 32  # eager forwards attend to the slots in use, rounded up to this
+_FIRST_ROOM = 64  # slots for committed tokens a growing cache starts with past the prompt; it doubles from there
 
 
 def prefill_length(prompt_len: int) -> int:
@@ -49,16 +51,25 @@ def prefill_length(prompt_len: int) -> int:
     return n
 
 
+def _rounded(slots: int) -> int:
+    return -(-slots // _SLOT_ROUND) * _SLOT_ROUND
+
+
 def cache_length(prompt_len: int, max_length: int, batch: int, q_len: int, depth: int) -> int:
-    """Target cache slots: the (bucketed) prompt, every committed token, one tree, rounded up.
+    """The most target cache slots a call can use: the (bucketed) prompt, every committed token, one tree, rounded.
 
     One row commits at least one token per cycle and the pointer advances by the longest accepted path, so with
     B = 1 the committed slots are exactly the new tokens; with B > 1 rows that accept less leave holes, up to D+1
     slots per cycle."""
     new = max_length - prompt_len
     committed_slots = new if batch == 1 else new * (depth + 1)
-    need = prompt_len + committed_slots + q_len + depth + 1
-    return -(-need // _SLOT_ROUND) * _SLOT_ROUND
+    return _rounded(prompt_len + committed_slots + q_len + depth + 1)
+
+
+def first_length(prompt_len: int, limit: int, q_len: int, depth: int) -> int:
+    """The slots a growing cache starts with: the (bucketed) prompt, a first block of committed tokens and one tree,
+    rounded, and never more than the call's most (``limit``, ``cache_length``)."""
+    return min(_rounded(prompt_len + _FIRST_ROOM + q_len + depth + 1), limit)
 
 
 def plan(slots: list[int], finished: list[bool], powers_of_two: bool) -> list[int] | None:
@@ -123,6 +134,15 @@ class Buffers:
             mark_static(t)
         return buf
 
+    def grown(self, capacity: int) -> "Buffers":
+        """The same buffers with ``capacity`` committed slots in the head's cache (then the scratch slots, whose
+        contents no step reads across cycles), the others shared."""
+        h = self.head
+        C = h.pos.shape[1]
+        k, v = (grown(t, 2, C, capacity + h.scratch) for t in (h.k, h.v))
+        head = HeadCache(k, v, grown(h.pos, 1, C, capacity, -1), h.scratch)
+        return Buffers(head, **{f.name: getattr(self, f.name) for f in fields(self)[1:]})
+
     def batched(self) -> list[torch.Tensor]:
         """The buffers with a batch dimension (all but ``cur``)."""
         tensors = [self.head.k, self.head.v, self.head.pos] + [getattr(self, f.name) for f in fields(self)[1:]]
@@ -140,8 +160,12 @@ class Storage:
     """One decoder's memory, kept between its calls: the target cache and its slot positions, the head's buffers, and
     their views over the first rows. During a call: the rows and slots in use (``target``, ``buf``, ``cur``).
 
-    Memory is allocated for the call's shapes and kept while later calls fit it (``prepare``, ``start``); ``release``
-    frees it."""
+    The cache grows with the tokens committed: it starts with room for the prompt and a first block
+    (``first_length``) and ``reserve`` doubles it before a cycle that would not fit, up to the call's most
+    (``cache_length``), so that a call stopping early holds what it used. Each length is a new set of addresses (its
+    graphs are captured once). Memory is kept for later calls that fit it (``prepare``, ``start``); a call that can use
+    fewer slots than the kept cache holds allocates its own. Compiled runs allocate their most up front and go on with
+    a longer kept cache: every new length would be a new compile. ``release`` frees it all."""
 
     def __init__(self):
         self.cache = None  # the HF Cache at full batch
@@ -154,29 +178,33 @@ class Storage:
         self.target: Target | None = None  # the rows in use
         self.buf: Buffers | None = None
         self.batch = self.cur = self.length = 0
-        self.eager = self._filled = False
+        self.eager = self._filled = self.grows = False
+        self.limit = 0  # the call's most slots
         self._host = self._read_done = None  # the host read's pinned landing buffer and its event (CUDA)
+        self.generation = 0  # counts allocations: graphs bound to the memory of an earlier generation are stale
 
-    def prepare(self, num_layers: int, batch: int, length: int, kinds: tuple, kwarg: str, eager: bool) -> bool:
-        """Ready a cache of at least ``length`` slots for ``batch`` rows: the previous one when it fits (as
-        ``generate`` reuses its static cache), so that calls with shorter prompts replay the same graphs. Returns
-        whether new memory was allocated (graphs bound to the old one are then stale)."""
-        new = (self.cache is None or len(self.cache.layers) != num_layers or self._batch != batch
-               or cache_slots(self.cache) < length or self.kinds != kinds or self.kwarg != kwarg)
+    def prepare(self, num_layers: int, batch: int, limit: int, first: int, kinds: tuple, kwarg: str, *, eager: bool,
+                grows: bool) -> None:
+        """Ready a cache for ``batch`` rows and a call that uses ``first`` slots to begin with and ``limit`` at most:
+        the kept one when it holds ``first`` to ``limit`` slots (any more, if the cache does not grow), so that calls of
+        one shape replay the same graphs, else a new one of ``first`` slots."""
+        kept = cache_slots(self.cache) if self.cache is not None else 0
+        new = (self.cache is None or len(self.cache.layers) != num_layers or self._batch != batch or kept < first
+               or (grows and kept > limit) or self.kinds != kinds or self.kwarg != kwarg)
         if new:
             self.release()
-            self.cache, self._batch, self.kinds, self.kwarg = static_cache(num_layers, length), batch, kinds, kwarg
-            self._filled = False
+            self.cache, self._batch, self.kinds, self.kwarg = static_cache(num_layers, first), batch, kinds, kwarg
+            self._filled, self.generation = False, self.generation + 1
         self.cache.reset()  # zeros the stored slots and every layer's write pointer, in place
         self.length, self.batch, self.eager, self._slot_views = cache_slots(self.cache), batch, eager, {}
-        return new
+        self.limit, self.grows = limit, grows
 
     def positions(self, slot_pos: torch.Tensor) -> Target:
         """The prompt's slot positions (B, T) at [0, T) (the rest empty); returns the full target."""
         B, T = slot_pos.shape
         if self.pos is None or self.pos.device != slot_pos.device or self.pos.shape != (B, self.length):
             self.pos = mark_static(slot_pos.new_empty(B, self.length))  # kept at one address: graphs write it
-            self._whole = None
+            self._whole, self.generation = None, self.generation + 1
         if self._whole is None or self._whole.cache is not self.cache:
             self._whole, self._views = Target(self.cache, self.pos, self.kinds, self.kwarg), {}
         self.pos.fill_(-1)
@@ -185,19 +213,19 @@ class Storage:
         return self.target
 
     def start(self, k, v, head_pos, root, root_pos, root_out, root_logits, *, scratch: int, q_len: int,
-              vocab: int | None, width: int | None) -> bool:
+              vocab: int | None, width: int | None) -> None:
         """Copy the prefill's head entries k, v (B, nkv, S, hd), head_pos (B, S) (one per prompt slot) and the root
-        into the buffers. Returns whether new buffers were allocated."""
+        into the buffers."""
         S = k.shape[2]
         if S != self.cur:
             raise ValueError(f"head cache of {S} entries does not match the target's {self.cur} prefilled slots")
-        key = (tuple(k.shape[:2]), k.shape[3], v.shape[3], self.length, scratch, q_len, vocab, width,
-               root_out.shape[-1], root_logits.shape[-1], k.dtype, root_out.dtype, root_logits.dtype, k.device)
-        new = key != self._key
-        if new:  # one live set: a new shape frees the old one
+        key = (self.length, (tuple(k.shape[:2]), k.shape[3], v.shape[3], scratch, q_len, vocab, width,
+                             root_out.shape[-1], root_logits.shape[-1], k.dtype, root_out.dtype, root_logits.dtype,
+                             k.device))
+        if key != self._key:  # one live set: a new shape frees the old one
             self.full, self._key, self._views = None, None, {}
             self.full = Buffers.like(k, v, root_out, root_logits, self.length, scratch, q_len, vocab, width)
-            self._key = key
+            self._key, self.generation = key, self.generation + 1
         b = self.full
         b.head.k.zero_()
         b.head.v.zero_()
@@ -208,7 +236,6 @@ class Storage:
         for dst, src in ((b.root, root), (b.root_pos, root_pos), (b.root_out, root_out), (b.root_logits, root_logits)):
             dst.copy_(src)
         self.buf = b
-        return new
 
     def compact(self, keep: list[int]) -> None:
         """Go on with the storage rows ``keep`` (``plan``): moved to the first rows of the full-size cache and
@@ -219,10 +246,35 @@ class Storage:
             if idx is None or idx.device != t.device:
                 idx = torch.tensor(keep, device=t.device)
             t[:n].copy_(t[: self.batch].index_select(0, idx))  # index_select copies: sources may overlap
-        if n not in self._views:  # kept between calls: graphs are bound to these objects
-            target = Target(cache_view(self.cache, rows=n), static_rows(self.pos, n), self.kinds, self.kwarg)
-            self._views[n] = (target, self.full.rows(n))
-        self.batch, (self.target, self.buf), self._slot_views = n, self._views[n], {}
+        self._use_rows(n)
+
+    def reserve(self, need: int) -> None:
+        """Room for ``need`` slots at ``cur`` (the next cycle's tree): a growing cache doubles first (at most to the
+        call's most)."""
+        end = self.cur + need
+        if end > self.length and self.grows and self.length < self.limit:
+            self.grow(min(max(2 * self.length, _rounded(end)), self.limit))
+
+    def grow(self, length: int) -> None:
+        """Go on in a cache, slot positions and head buffers of ``length`` slots that hold what the current ones hold
+        (kept for later calls in their place; the current ones are freed once nothing holds them)."""
+        self.cache = grown_cache(self.cache, length)
+        self.pos = grown(self.pos, 1, self.length, length, -1)
+        self.full = self.full.grown(length)
+        self.length, self._key, self.generation = length, (length, self._key[1]), self.generation + 1
+        self._whole, self._views, self._slot_views = Target(self.cache, self.pos, self.kinds, self.kwarg), {}, {}
+        self._use_rows(self.batch)
+
+    def _use_rows(self, n: int) -> None:
+        """Run on the first n rows of the cache and buffers: views at their addresses, kept per n (graph keys)."""
+        if n == self._batch:
+            self.target, self.buf = self._whole, self.full
+        else:
+            if n not in self._views:
+                target = Target(cache_view(self.cache, rows=n), static_rows(self.pos, n), self.kinds, self.kwarg)
+                self._views[n] = (target, self.full.rows(n))
+            self.target, self.buf = self._views[n]
+        self.batch, self._slot_views = n, {}
 
     def in_use(self, end: int) -> Target:
         """The target for a forward whose slots end before ``end``: eagerly, a view over the first slots (rounded up,

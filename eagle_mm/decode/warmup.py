@@ -19,8 +19,10 @@ def warmup(model, head, *, batch_sizes=(1,), prompt_lengths=(64,), max_new_token
     inductor caches on disk for later processes). Without ``compile``, a batch of several rows runs a second call
     whose rows stop one after another: rows that finish leave the engine's batch (in powers of two with CUDA
     graphs), and each smaller batch has graphs of its own, which a later call would otherwise capture when its
-    rows first shrink to it. Later calls with these shapes and the same ``max_new_tokens`` or less start at once.
-    Returns the seconds it took. Prompts are random token ids; the outputs are dropped.
+    rows first shrink to it. Later calls with these shapes and the same ``max_new_tokens`` start at once (the
+    engine's cache grows to what these calls reach and is kept; a call that can use fewer slots than the kept cache
+    holds allocates its own, and captures its graphs once). Returns the seconds it took. Prompts are random token
+    ids; the outputs are dropped.
     """
     from .loop import speculative_generate
 

@@ -9,6 +9,7 @@ heads/engines.py, heads/speculators.py) import this module, never the other way 
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -80,6 +81,17 @@ def claiming_layout(config: dict) -> Layout | None:
     return next((lay for lay in _LAYOUTS.values() if lay.name != "eagle" and lay.claims(config)), None)
 
 
+class PerTarget(weakref.WeakKeyDictionary):
+    """What is kept with a head per target model, weakly keyed by the model (the decode package keeps its decoders
+    here: ``eagle_mm.decoder``). Never copied, saved or pickled with the head: a copy starts empty."""
+
+    def __deepcopy__(self, memo):
+        return type(self)()
+
+    def __reduce__(self):
+        return type(self), ()
+
+
 class DraftHead(nn.Module):
     """Base of EagleHead and Eagle3Head.
 
@@ -96,6 +108,7 @@ class DraftHead(nn.Module):
             "inv_freq", rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling), persistent=False
         )
         self._target: TargetParts | None = None
+        self._per_target = PerTarget()
         if target is not None:
             self.attach(target)
 

@@ -15,7 +15,7 @@ import torch
 from .dynamo import mark_static
 
 __all__ = ["static_cache", "cache_slots", "filled_layers", "cache_view", "set_pointers", "pointers",
-           "keep_slots", "layer_rows", "static_rows"]
+           "keep_slots", "layer_rows", "static_rows", "grown", "grown_cache"]
 
 
 def static_cache(num_layers: int, slots: int):
@@ -91,3 +91,26 @@ def keep_slots(cache, src: torch.Tensor, dst: torch.Tensor, new_len: torch.Tenso
             idx = src.to(t.device)[:, None, :, None].expand(B, h, -1, d)
             t.index_copy_(2, dst.to(t.device), t.gather(2, idx))  # gather first: source and target may overlap
         layer.cumulative_length.copy_(new_len)
+
+
+def grown(t: torch.Tensor, dim: int, keep: int, size: int, fill: int = 0) -> torch.Tensor:
+    """A new static tensor like ``t`` whose size along ``dim`` is ``size``: ``t``'s first ``keep`` entries there,
+    then ``fill``."""
+    out = t.new_full((*t.shape[:dim], size, *t.shape[dim + 1:]), fill)
+    out.narrow(dim, 0, keep).copy_(t.narrow(dim, 0, keep))
+    return mark_static(out)
+
+
+def grown_cache(cache, slots: int):
+    """An HF ``Cache`` whose layers have ``slots`` slots and hold ``cache``'s stored ones first: new key and value
+    tensors (marked static), the same write pointers; shallow copies of the layers, as in ``cache_view``."""
+    from transformers.cache_utils import Cache
+
+    layers = []
+    for layer in cache.layers:
+        new = copy.copy(layer)
+        new.max_cache_len = slots
+        if layer.is_initialized:
+            new.keys, new.values = (grown(t, 2, t.shape[2], slots) for t in (layer.keys, layer.values))
+        layers.append(new)
+    return Cache(layers=layers)

@@ -1,4 +1,7 @@
-"""What the engine uses of the torch compiler beyond its public API.
+"""What the engine uses of torch's internals: the compiler's beyond its public API, and tensors' version counters.
+
+Version counters: every in-place write to a tensor bumps its ``_version``; the decoder reads them to tell whether a
+head's tensors changed since it copied them (``decode/bound.py``).
 
 Static addresses: a tensor marked with ``mark_static`` is used in place by a compiled step (its address is part of what
 the step was compiled for) and by a captured CUDA graph (``decode/graphs.py``); parameters count as static too.
@@ -14,8 +17,13 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["mark_static", "is_static", "compiler_failure", "inductor_cache_dir", "module_hooks", "savable_guards",
-           "aot_compile", "serialized", "load_compiled"]
+__all__ = ["versions", "mark_static", "is_static", "compiler_failure", "inductor_cache_dir", "module_hooks",
+           "savable_guards", "aot_compile", "serialized", "load_compiled"]
+
+
+def versions(tensors) -> tuple[int, ...]:
+    """The version counters of ``tensors`` (each in-place write bumps its tensor's)."""
+    return tuple(t._version for t in tensors)
 
 
 def mark_static(t: torch.Tensor) -> torch.Tensor:

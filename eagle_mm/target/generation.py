@@ -7,12 +7,15 @@ transformers does not document as API: all of that is here.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
+from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
-__all__ = ["pad_token_id", "attention_implementation", "placement_devices", "INPUT_FREE", "LENGTH_ONLY",
-           "min_length_rule", "SORTED_RULES", "top_k_of", "split_criteria"]
+__all__ = ["pad_token_id", "attention_implementation", "placement_devices", "INPUT_FREE", "LENGTH_ONLY", "ROW_WISE",
+           "min_length_rule", "for_row", "SORTED_RULES", "top_k_of", "split_criteria"]
 
 
 def pad_token_id(gen) -> int:
@@ -38,18 +41,23 @@ def placement_devices(model) -> list[str]:
     return sorted({str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()})
 
 
+def _named(*names: str) -> tuple:
+    return tuple(getattr(lp, name) for name in names if hasattr(lp, name))
+
+
 # Processors whose output does not depend on the sequence so far: applied to every tree node at once.
-INPUT_FREE = tuple(
-    getattr(lp, name)
-    for name in ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
-                 "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper",
-                 "SuppressTokensLogitsProcessor", "InfNanRemoveLogitsProcessor", "LogitNormalization")
-    if hasattr(lp, name)
-)
+INPUT_FREE = _named("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
+                    "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper",
+                    "SuppressTokensLogitsProcessor", "InfNanRemoveLogitsProcessor", "LogitNormalization")
 
 # Processors that read only the sequence's length: applied to all nodes at once from each node's length.
-LENGTH_ONLY = tuple(getattr(lp, name) for name in ("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor")
-                    if hasattr(lp, name))
+LENGTH_ONLY = _named("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor")
+
+# Processors that read a row's tokens and compute each row from them alone, with no state indexed by row (but a
+# repetition penalty's per-row prompt length, which ``for_row`` turns into the row's own).
+ROW_WISE = _named("RepetitionPenaltyLogitsProcessor", "NoRepeatNGramLogitsProcessor", "SequenceBiasLogitsProcessor",
+                  "NoBadWordsLogitsProcessor", "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor",
+                  "ExponentialDecayLengthPenalty", "SuppressTokensAtBeginLogitsProcessor")
 
 
 def min_length_rule(p) -> tuple[int, int, torch.Tensor]:
@@ -58,6 +66,23 @@ def min_length_rule(p) -> tuple[int, int, torch.Tensor]:
     skip = getattr(p, "prompt_length_to_skip", 0)
     minimum = p.min_new_tokens if hasattr(p, "min_new_tokens") else p.min_length
     return minimum, skip, p.eos_token_id
+
+
+def for_row(processors, b: int, batch: int):
+    """The processors as call row b of ``batch`` alone sees them. ``generate`` gives a left-padded batch's repetition
+    penalty each row's padding length as a (B,) tensor (``prompt_ignore_length``), whose pad tokens it then leaves
+    unpenalized; row b's copy cuts its own padding off instead, which leaves the same tokens unpenalized. A tensor
+    of another batch size is left as it is: the penalty then refuses it as it does in ``generate``."""
+    pil = [getattr(p, "prompt_ignore_length", None) for p in processors]
+    if not any(isinstance(t, torch.Tensor) and t.shape == (batch,) for t in pil):
+        return processors
+    out = LogitsProcessorList()
+    for p, t in zip(processors, pil):
+        if type(p) is lp.RepetitionPenaltyLogitsProcessor and isinstance(t, torch.Tensor) and t.shape == (batch,):
+            p = copy.copy(p)
+            p.prompt_ignore_length = int(t[b])
+        out.append(p)
+    return out
 
 
 def _keep_first(values: torch.Tensor, drop: torch.Tensor, n: int) -> torch.Tensor:

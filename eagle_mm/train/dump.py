@@ -64,7 +64,8 @@ def dump_features(config: TrainConfig, out_dir, *, shard_bytes: int = 1 << 30, a
     with_last = config.kind == "eagle3"
     bar = tqdm(total=len(rows), desc=f"dump r{acc.process_index}", disable=not acc.is_local_main_process)
     if config.regenerate:
-        regenerated = regenerate_rows(model, tokenizer, rows, config.regenerate_max_new_tokens)
+        regenerated = regenerate_rows(model, tokenizer, rows, config.regenerate_max_new_tokens,
+                                      batch_size=config.regenerate_batch_size)
         rows = [(n, r) for (n, _), r in zip(rows, regenerated)]
     examples = encode_rows(tokenizer, rows, config.max_length, source=config.data)
     if acc.is_main_process:

@@ -317,7 +317,8 @@ def _training_rows(config: TrainConfig, acc, model, tokenizer):
 
         cache.parent.mkdir(parents=True, exist_ok=True)
         with tqdm(total=len(rows), desc="regenerate") as bar:
-            write_rows(cache, regenerate_rows(model, tokenizer, rows, config.regenerate_max_new_tokens, bar.update))
+            write_rows(cache, regenerate_rows(model, tokenizer, rows, config.regenerate_max_new_tokens, bar.update,
+                                              batch_size=config.regenerate_batch_size))
     acc.wait_for_everyone()
     new = read_rows(cache, images=True)
     if len(new) != len(rows):

