@@ -121,7 +121,7 @@ def test_cli_export_takes_a_gguf_target(tiny, head_dir, tmp_path, capsys):
 
 
 def test_cli_train_takes_a_gguf_target(tiny, loaded, tmp_path):
-    from eagle_mm.train.cli import add_train_parser
+    from eagle_mm.cli.train import add_train_parser
 
     model, tokenizer = loaded
     rows = [{"messages": [{"role": "user", "content": f"Hello {i}"}, {"role": "assistant", "content": "x"}]}
