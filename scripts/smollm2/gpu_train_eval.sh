@@ -21,6 +21,7 @@ PY="${PYTHON:-python3}"
 mkdir -p "$OUT"
 LOG="$OUT/run.log"
 export EAGLE_MM_CACHE="${EAGLE_MM_CACHE:-${TMPDIR:-/tmp}/eagle_mm_cache}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's eagle_mm, whatever else is installed
 export TQDM_MININTERVAL=20 TRANSFORMERS_VERBOSITY=warning TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 WORK="${TMPDIR:-/tmp}/smollm2-work"
 rm -rf "$WORK"  # this script's own scratch folder: a stale head's checkpoints would stop the trainer
