@@ -104,6 +104,7 @@ class Run:
         self.lengths = lengths
         self.results = {"meta": {}, "phases": {}, "skipped": []}
         self.warm = set()  # the methods called before: their next first call compiles nothing
+        self.buckets = {"greedy": set(), "sampled": set()}  # ours's prompt buckets already captured, per mode
         self.reference = {}  # prompt id -> HF eager's greedy sequences (1, T + new): what exactness compares to
 
     def encode(self, prompt):
@@ -146,6 +147,7 @@ class Run:
 def accept_phase(run: Run, mode: str) -> None:
     """Ours on every prompt (the sets taken in turn, so that a cut run still covers each): acceptance per set."""
     name = f"accept_{mode}"
+    warm_ours(run, mode, real_prompts.interleave(run.sets))  # longest first: no cache grows (and recaptures) later
     tallies = {s: Tally() for s in run.sets}
     per_prompt, phase = [], {"complete": False}
     run.results["phases"][name] = phase
@@ -196,6 +198,8 @@ def speed_phase(run: Run, mode: str, methods: tuple, name: str) -> None:
     phase = {"complete": False, "prompts": [p.id for p in prompts], "first_call_s": {}}
     run.results["phases"][name] = phase
     first = run.encode(max(prompts, key=lambda p: run.encode(p)["input_ids"].shape[1]))
+    if any(m.startswith("ours") for m in methods) and run.clock.allows(10):
+        warm_ours(run, mode, prompts)
     live = []
     for m in methods:
         # HF compiles one forward for both modes; ours compiles its steps per mode (sampling's differ).
@@ -320,19 +324,25 @@ def load(args):
     return model, tokenizer, head, meta
 
 
-def warm_ours(run: Run, modes) -> None:
-    """Capture ours's CUDA graphs for every prompt bucket first (eagle_mm.warmup; the longest first, so that the
-    cache it sizes serves them all): the timed calls then replay them. Nothing to capture on a CPU."""
+def warm_ours(run: Run, mode: str, prompts) -> None:
+    """Capture ours's CUDA graphs in ``mode`` for the prompt buckets of ``prompts`` not warmed yet (eagle_mm.warmup;
+    the longest first, so that the cache it sizes serves the shorter ones): the calls then replay them. Each phase
+    warms only its own mode and prompts, just before it runs. Nothing to capture on a CPU."""
     from eagle_mm import warmup
     from eagle_mm.decode.fixed import prefill_length
 
     if run.device.type != "cuda":
         return
-    buckets = sorted({prefill_length(n) for n in run.lengths}, reverse=True)
-    seconds = warmup(run.model, run.head, prompt_lengths=buckets, do_sample=tuple(m == "sampled" for m in modes),
+    buckets = sorted({prefill_length(run.encode(p)["input_ids"].shape[1]) for p in prompts} - run.buckets[mode],
+                     reverse=True)
+    if not buckets:
+        return
+    seconds = warmup(run.model, run.head, prompt_lengths=buckets, do_sample=mode == "sampled",
                      max_new_tokens=run.args.new_tokens)
-    run.results["meta"]["ours_warmup"] = {"buckets": buckets, "modes": list(modes), "seconds": round(seconds, 2)}
-    print(f"ours warm-up: prompt buckets {buckets}, {list(modes)}, {seconds:.1f} s", flush=True)
+    run.buckets[mode].update(buckets)
+    run.results["meta"].setdefault("ours_warmup", []).append({"mode": mode, "buckets": buckets,
+                                                               "seconds": round(seconds, 2)})
+    print(f"ours warm-up: {mode}, prompt buckets {buckets}, {seconds:.1f} s", flush=True)
 
 
 def main(argv=None) -> dict:
@@ -385,8 +395,6 @@ def main(argv=None) -> dict:
         if args.identity:
             identity_phase(run)
         else:
-            warm_ours(run, [m for m in ("greedy", "sampled") if any(ph.endswith(m) or ph == "speed_compiled"
-                                                                    for ph in args.phases)])
             for phase in args.phases:
                 if phase.startswith("accept"):
                     accept_phase(run, phase.split("_")[1])

@@ -132,6 +132,30 @@ def test_a_crash_while_writing_a_checkpoint_keeps_the_last_good_one(work, monkey
     assert not any(p.name.startswith(".tmp") for p in (good.parent).iterdir())
 
 
+def test_a_time_limited_run_ends_its_schedule_when_the_time_is_spent(work, monkeypatch):
+    import eagle_mm.train.schedule as schedule
+
+    # A fake clock that each finished step moves on by one second: 20 seconds hold about 20 steps. The run stops
+    # there with the learning rate at its floor (the schedule was fitted to the time, not cut short by it), far
+    # below the 1000 steps that max_steps allows.
+    now = [0.0]
+    monkeypatch.setattr(schedule, "_clock", lambda: now[0])
+    cfg = _config(work, "timed", max_steps=1000, max_seconds=20.0, min_lr_ratio=0.1, log_every=1, save_every=1000)
+    lrs = []
+
+    def tick(step, metrics):
+        lrs.append(metrics["lr"])
+        now[0] += 1.0
+
+    result = train(cfg, on_step=tick)
+    assert 19 <= result.step <= 22, result.step
+    assert lrs[-1] == pytest.approx(cfg.lr * cfg.min_lr_ratio)
+    assert max(lrs) > 0.9 * cfg.lr  # the warm-up and the peak happened within the time too
+    assert [s for s, _ in list_checkpoints(cfg.output_dir)] == [result.step]
+    with pytest.raises(ValueError, match=r"max_seconds must lie in \(0.0, inf\]; got 0"):
+        cfg.replace(max_seconds=0)
+
+
 def test_dumped_features_train_like_online_features(work):
     base = _config(work, "online", max_steps=5, save_every=1000)
     dump_dir = work["root"] / "dump"

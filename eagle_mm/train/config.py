@@ -78,6 +78,10 @@ class TrainConfig:
     # ---- optimisation ----
     epochs: int = _help("passes over the data (ignored when max_steps is set)", default=1)
     max_steps: int | None = _help("optimizer steps to run (default: epochs over the data)", default=None)
+    max_seconds: float | None = _help("end the run after this many seconds of optimizer steps, with the learning-rate "
+                                      "schedule fitted to end there: its length is re-set after every step from the "
+                                      "pace of the steps after the first three (max_steps or the epochs stay the "
+                                      "upper bound)", default=None)
     batch_size: int = _help("rows per micro-batch and process", default=1)
     grad_accum: int = _help("micro-batches per optimizer step", default=1)
     lr: float = _help("peak learning rate (AdamW)", default=1e-4)
@@ -129,6 +133,8 @@ class TrainConfig:
         for name in ("max_steps", "draft_vocab_size"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
+        if self.max_seconds is not None:
+            _in_range("max_seconds", self.max_seconds, 0.0, None, low_open=True)
         if isinstance(self.eval_holdout, bool) or not isinstance(self.eval_holdout, int) or self.eval_holdout < 0:
             raise ValueError(f"eval_holdout must be a non-negative int, got {self.eval_holdout!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):

@@ -31,6 +31,7 @@ from .data import BatchPlan, build_draft_vocab, collate, encode_rows, has_images
 from .dump import FeatureStore, feature_layers
 from .evaluate import eval_prompts, evaluate
 from .regenerate import regenerate_rows
+from .schedule import Pace, Schedule
 from .losses import eagle1_loss, eagle3_loss
 from .target import load_processor, load_target, load_target_embeddings, load_tokenizer, target_features
 
@@ -66,16 +67,6 @@ class HeadObjective(nn.Module):
         return eagle1_loss(self.head, batch, noise=c.feature_noise, p_weight=c.p_weight, v_weight=c.v_weight)
 
 
-def _schedule(total: int, warmup: int, floor: float):
-    """Linear warm-up over ``warmup`` steps to 1, then cosine down to ``floor`` at ``total``."""
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-    return factor
-
-
 def _said_when_out_of_space(fn):
     @functools.wraps(fn)
     def run(config: TrainConfig, **kwargs):
@@ -101,6 +92,9 @@ def train(config: TrainConfig, *, on_step=None, processor=None, target=None) -> 
     resume_dir = resolve_resume(config)
     acc = make_accelerator(config.mixed_precision)
     start = check_resumable(resume_dir, config, acc.num_processes)["step"] if resume_dir else 0
+    if config.max_seconds is not None and acc.num_processes > 1:
+        raise ValueError(f"max_seconds={config.max_seconds} needs one process: each of the {acc.num_processes} "
+                         f"would measure its own pace and stop at its own step; use max_steps")
     if config.target_device_map is not None and acc.num_processes > 1:
         raise ValueError(f"target_device_map={config.target_device_map!r} cannot be combined with "
                          f"{acc.num_processes} processes: each process holds its own target")
@@ -118,8 +112,8 @@ def train(config: TrainConfig, *, on_step=None, processor=None, target=None) -> 
     plan = BatchPlan(len(examples), config.batch_size, acc.num_processes, config.grad_accum, config.seed)
     plan.check()
     total = config.max_steps or plan.steps_per_epoch * config.epochs
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _schedule(total, round(config.warmup_ratio * total), config.min_lr_ratio))
+    schedule = Schedule(total, config.warmup_ratio, config.min_lr_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     objective, optimizer = acc.prepare(objective, optimizer)
     # Not prepared: accelerate would step a prepared scheduler once per process; ours counts optimizer steps.
     acc.register_for_checkpointing(scheduler)
@@ -182,17 +176,19 @@ def _resume(acc, resume_dir: Path | None, start: int, log: Path) -> None:
         _trim_log(log, start)
 
 
-def _loop(config, acc, objective, optimizer, scheduler, plan, examples, target, layers, start, total, on_step,
+def _loop(config, acc, objective, optimizer, scheduler, plan, examples, target, layers, start, cap, on_step,
           result) -> None:
     from tqdm.auto import tqdm
 
     objective.train()
+    schedule = scheduler.lr_lambdas[0]
+    pace = Pace(config.max_seconds, schedule, start, cap) if config.max_seconds else None
     # closed on an error too, so that the error's message starts on a line of its own
-    with tqdm(total=total, initial=start, desc=f"train {config.kind}", disable=not acc.is_main_process,
+    with tqdm(total=cap, initial=start, desc=f"train {config.kind}", disable=not acc.is_main_process,
               dynamic_ncols=True) as bar:
         orders: dict[int, list[int]] = {}
         params = [p for p in objective.parameters() if p.requires_grad]
-        for step in range(start, total):
+        for step in range(start, cap):
             epoch = step // plan.steps_per_epoch
             if epoch not in orders:
                 orders = {epoch: plan.order(epoch)}
@@ -208,26 +204,32 @@ def _loop(config, acc, objective, optimizer, scheduler, plan, examples, target, 
             if config.max_grad_norm > 0:
                 acc.clip_grad_norm_(params, config.max_grad_norm)
             optimizer.step()
+            done = step + 1
+            if pace is not None:  # before the scheduler's step, so that the next rate follows the new length
+                pace.after(done)
+                bar.total = schedule.total
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             metrics = _metrics(acc, loss_sum / config.grad_accum, stats_sum, scheduler.get_last_lr()[0])
-            done = step + 1
+            total = schedule.total
             result.step = done
             result.losses.append(metrics["loss"])
             result.accuracies.append(metrics["acc"])
             bar.update()
             bar.set_postfix(loss=f"{metrics['loss']:.4f}", acc="/".join(f"{a:.2f}" for a in metrics["acc"]))
-            if acc.is_main_process and (done % config.log_every == 0 or done == total):
+            if acc.is_main_process and (done % config.log_every == 0 or done >= total):
                 logger.info("step %d/%d loss %.4f acc %s lr %.3g", done, total, metrics["loss"],
                             [round(a, 3) for a in metrics["acc"]], metrics["lr"])
                 with open(Path(config.output_dir) / LOG_NAME, "a", encoding="utf-8") as f:
                     f.write(json.dumps({"step": done, **metrics}) + "\n")
-            if done % config.save_every == 0 or done == total:
+            if done % config.save_every == 0 or done >= total:
                 save_checkpoint(acc, config.output_dir, done, config,
                                 lambda path: _export_head(acc, objective, path / "head", config.save_dtype),
                                 config.keep_checkpoints)
             if on_step is not None:
                 on_step(done, metrics)
+            if done >= total:
+                break
 
 
 def _metrics(acc, loss: torch.Tensor, stats: torch.Tensor, lr: float) -> dict:

@@ -83,7 +83,10 @@ def eagle3_loss(head, batch: dict, *, steps: int, decay: float):
     with torch.no_grad():
         logits_t = target_logits(head.target_parts, batch["last_hidden"])  # (B, T, V)
         target_top = logits_t.argmax(-1)  # (B, T) the target's token after each position
-        target_logp = torch.log_softmax(logits_t[..., head.t2d], dim=-1)  # (B, T, Vd) renormalised on the draft vocab
+        # Draft id j is target id draft_to_target(j): gathered by index, not by the t2d mask, whose boolean indexing
+        # would wait for the GPU (it must count the mask's ids before it can allocate the result).
+        draft_ids = head.draft_to_target(torch.arange(head.config.draft_vocab_size, device=ids.device))  # (Vd,)
+        target_logp = torch.log_softmax(logits_t.index_select(-1, draft_ids), dim=-1)  # (B, T, Vd) renormalised
         in_draft = head.t2d[target_top]  # (B, T) the target's choice is draftable at all
         del logits_t
     total = torch.zeros((), dtype=torch.float32, device=ids.device)

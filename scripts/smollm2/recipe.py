@@ -6,12 +6,13 @@ Stages, each timed into DIR/manifest.json:
   1. prompts     scripts/smollm2/prompts.jsonl.gz (build_prompts.py; no HumanEval);
   2. regenerate  the target's own greedy answers (eagle_mm.train.regenerate, batched), in chunks until its share of
                  the budget is spent, written to DIR/regenerated.jsonl.gz at once (so they survive a later
-                 failure); --regenerated FILE trains on such a file instead;
+                 failure); --regenerated FILE trains on such a file instead (scripts/smollm2/regenerated.jsonl.gz
+                 holds the answers the shipped head was trained on);
   3. coverage    how much of the answers' tokens the 4k..32k most frequent ids cover (the draft vocabulary);
-  4. calibrate   a few optimizer steps of the real configuration, to measure seconds per step;
-  5. train       eagle_mm.train.train (EAGLE-3, bf16) for the recipe's epochs, or as many steps as the budget
-                 leaves (the step count is recorded: pass it back as --max-steps to repeat the run);
-  6. package     the head in DIR/eagle3/ (bf16), with the trainer's log, config and held-out acceptance length.
+  4. train       eagle_mm.train.train (EAGLE-3, bf16) for recipe.json's train_seconds of optimizer steps (or what
+                 the budget leaves), the learning-rate schedule fitted to end there (TrainConfig.max_seconds); the
+                 steps done are recorded: --max-steps N repeats the run by steps;
+  5. package     the head in DIR/eagle3/ (bf16), with the trainer's log and config.
 ``--dry-run`` runs every stage at the tiny scale of recipe.json's "dry_run" (16 prompts, 8 new tokens, a few steps)
 so that a typo fails here, on a CPU, rather than on the GPU.
 """
@@ -41,6 +42,7 @@ def _config(dry_run: bool) -> dict:
         recipe["regenerate"] = {**recipe["regenerate"], **dry["regenerate"]}
         recipe["draft_vocab"] = dry["draft_vocab"]
         recipe["train"] = {**recipe["train"], **dry["train"]}
+        recipe["train_seconds"] = dry["train_seconds"]
     return recipe
 
 
@@ -110,31 +112,6 @@ def _train_config(recipe: dict, gguf: Path, data: Path, out: Path, **changes):
                                   **changes})
 
 
-def calibrate(model, recipe: dict, gguf: Path, rows: list[dict], work: Path, steps: int) -> float:
-    """Seconds per optimizer step of the real configuration, from ``steps`` steps (the first third unweighed) on
-    the first rows (enough for them; encoding all rows would cost as much again as the final run's)."""
-    from eagle_mm.train import train
-
-    data = work / "calibrate.jsonl"
-    need = (steps + 1) * recipe["train"]["batch_size"] * recipe["train"]["grad_accum"]
-    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows[:need]), encoding="utf-8")
-    stamps = []
-    config = _train_config(recipe, gguf, data, work / "calibrate", max_steps=steps, eval_holdout=0,
-                           save_every=10 ** 9)
-    train(config, target=model, on_step=lambda step, metrics: stamps.append(time.perf_counter()))
-    skip = max(1, steps // 3)
-    per_step = (stamps[-1] - stamps[skip - 1]) / (len(stamps) - skip)
-    logger.info("calibration: %.3f s per optimizer step", per_step)
-    return per_step
-
-
-def steps_for(recipe: dict, rows: int, per_step: float, seconds_left: float) -> tuple[int, int]:
-    """(steps the recipe's epochs take, steps that fit in ``seconds_left``)."""
-    t = recipe["train"]
-    per_epoch = (rows - t["eval_holdout"]) // t["batch_size"] // t["grad_accum"]
-    return per_epoch * t["epochs"], max(1, int(seconds_left / per_step))
-
-
 def package(head_dir: Path, out: Path, model) -> dict:
     """Copy the trained head to out/eagle3 and check that it loads onto the target."""
     from eagle_mm.heads.io import load_head
@@ -144,7 +121,7 @@ def package(head_dir: Path, out: Path, model) -> dict:
     dest.mkdir(parents=True)
     for name in ("config.json", "model.safetensors"):
         shutil.copy2(head_dir / name, dest / name)
-    for name in ("train_config.json", "train_log.jsonl", "eval.json"):
+    for name in ("train_config.json", "train_log.jsonl"):
         if (head_dir / name).is_file():
             shutil.copy2(head_dir / name, out / name)
     head = load_head(dest, target=model)
@@ -212,21 +189,27 @@ def run(args) -> dict:
     t = stage("coverage", t)
 
     model = model.to(getattr(torch, recipe["train"]["target_dtype"]))
-    calib_steps = recipe["dry_run"]["calibrate_steps"] if args.dry_run else args.calibrate_steps
-    per_step = calibrate(model, recipe, args.gguf, answered, work, calib_steps)
-    t = stage("calibrate", t)
-
-    full, fit = steps_for(recipe, len(answered), per_step, deadline - time.perf_counter() - args.reserve)
-    max_steps = args.max_steps or (recipe["dry_run"]["max_steps"] if args.dry_run else min(full, fit))
-    epochs = round(max_steps / max(1, full) * recipe["train"]["epochs"], 3)
-    manifest["train"] = {"seconds_per_step": round(per_step, 4), "recipe_steps": full, "steps_that_fit": fit,
-                         "max_steps": max_steps, "epochs_done": epochs}
-    logger.info("training %d steps (the recipe's epochs: %d; the budget fits %d)", max_steps, full, fit)
+    train_s = recipe["train_seconds"] if args.train_seconds is None else args.train_seconds
+    # Encoding the rows and packaging come out of the budget too (--reserve); the trainer fits its learning-rate
+    # schedule into the seconds it is given, from the pace of its own steps (TrainConfig.max_seconds).
+    seconds = min(train_s, deadline - time.perf_counter() - args.reserve)
+    if seconds <= 0:
+        raise SystemExit(f"error: no time left to train ({deadline - time.perf_counter():.0f} s of the budget left, "
+                         f"--reserve {args.reserve:.0f} s); raise --budget")
+    max_steps = args.max_steps or recipe["train"].get("max_steps")
+    changes = {"max_steps": max_steps} if args.max_steps else {"max_steps": max_steps, "max_seconds": seconds}
+    logger.info("training %s", f"{args.max_steps} steps" if args.max_steps else
+                f"for {seconds:.0f} s of optimizer steps (the schedule ends there)")
     from eagle_mm.train import train
 
-    result = train(_train_config(recipe, args.gguf, data, work / "head", max_steps=max_steps), target=model)
-    manifest["train"].update({"final_loss": result.losses[-1], "final_accuracy": result.accuracies[-1],
-                              "held_out_mean_accept_length": result.mean_accept_length})
+    started = time.perf_counter()
+    result = train(_train_config(recipe, args.gguf, data, work / "head", **changes), target=model)
+    manifest["train"] = {"max_seconds": None if args.max_steps else round(seconds, 1), "steps": result.step,
+                         "seconds": round(time.perf_counter() - started, 1),
+                         "epochs_done": round(result.step * recipe["train"]["batch_size"] / len(answered), 3),
+                         "final_loss": result.losses[-1], "final_accuracy": result.accuracies[-1],
+                         "held_out_mean_accept_length": result.mean_accept_length}
+    logger.info("trained %d steps (%.2f epochs)", result.step, manifest["train"]["epochs_done"])
     t = stage("train", t)
 
     manifest["head"] = package(work / "head", out, model)
@@ -247,13 +230,15 @@ def main(argv=None) -> int:
     parser.add_argument("--regenerated", default=None,
                         help="a regenerated.jsonl.gz of an earlier run: train on its answers, regenerate nothing")
     parser.add_argument("--budget", type=float, default=395.0, help="seconds for the whole run")
-    parser.add_argument("--reserve", type=float, default=90.0,
-                        help="seconds kept back from training for encoding its rows, its held-out evaluation and "
-                             "packaging")
+    parser.add_argument("--reserve", type=float, default=30.0,
+                        help="seconds of the budget kept back from training for encoding its rows and packaging")
+    parser.add_argument("--train-seconds", type=float, default=None,
+                        help="seconds of optimizer steps (default: recipe.json's train_seconds; the budget may cut "
+                             "them)")
     parser.add_argument("--regenerate-share", type=float, default=0.45,
                         help="share of the budget that regeneration may take (it stops between chunks)")
-    parser.add_argument("--calibrate-steps", type=int, default=24)
-    parser.add_argument("--max-steps", type=int, default=None, help="train exactly this many steps")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="train exactly this many steps (a run's manifest records them), instead of for seconds")
     parser.add_argument("--dry-run", action="store_true", help="every stage at a tiny scale (a CPU check)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
