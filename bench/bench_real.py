@@ -329,7 +329,7 @@ def warm_ours(run: Run, mode: str, prompts) -> None:
     the longest first, so that the cache it sizes serves the shorter ones): the calls then replay them. Each phase
     warms only its own mode and prompts, just before it runs. Nothing to capture on a CPU."""
     from eagle_mm import warmup
-    from eagle_mm.decode.fixed import prefill_length
+    from eagle_mm.decode.storage import prefill_length
 
     if run.device.type != "cuda":
         return
