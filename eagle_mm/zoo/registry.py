@@ -31,8 +31,8 @@ _PARTS = {"code-tiny": ("manifest.json", "target", "assistant", "eagle", "eagle3
           "scenes-tiny": ("manifest.json", "target", "eagle3", "eagle3-noimage", "eagle3-blind"),
           "smollm2-135m-instruct": ("manifest.json", "eagle3")}
 # how to make the models that no ``build`` makes
-_RECIPES = {"smollm2-135m-instruct": "scripts/smollm2/gpu_train.sh in the repository (on a GPU; "
-                                     "docs/reference-models.md)"}
+_RECIPES = {"smollm2-135m-instruct": "scripts/smollm2/gpu_train_eval.sh and install_head.py in the repository "
+                                     "(on a GPU; docs/reference-models.md)"}
 # The draft tree a demo uses per device type unless told otherwise. On a CPU a verify forward costs about as
 # much per token as the tokens it checks beyond a handful, so a small tree wins; on a GPU it is nearly flat,
 # so TreeConfig's default. (Measured choices: bench/bench_code_tiny.py --depth/--top-k/--total-tokens.)
