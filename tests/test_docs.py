@@ -170,3 +170,22 @@ def test_byom_page_runs_on_a_tiny_stand_in(tmp_path, monkeypatch, capsys):
     exec(compile(python.replace("max_new_tokens=256", f"max_new_tokens={_BYOM_TOKENS}"), "byom.md python", "exec"),
          namespace)
     assert namespace["out"].stats.mean_accept_length >= 1.0 and namespace["device"] == "cpu"
+
+
+def test_the_real_model_page_states_the_shipped_manifest():
+    """docs/reference-models.md's figures for smollm2-135m-instruct are the shipped manifest's and recipe.json's."""
+    import json
+
+    page = " ".join((DOCS / "reference-models.md").read_text(encoding="utf-8").split())
+    manifest = json.loads((ROOT / "eagle_mm/zoo/models/smollm2-135m-instruct/manifest.json").read_text("utf-8"))
+    recipe = json.loads((ROOT / "scripts/smollm2/recipe.json").read_text(encoding="utf-8"))
+    for mode in ("greedy", "sampled"):
+        for name, row in manifest["measured"][mode]["sets"].items():
+            label = {"humaneval": "HumanEval", "chat": "chat"}[name]
+            stated = f"| {label} | {row['prompts']} of {row['of']} | {row['mean_accept_length']:.2f} |"
+            assert stated in page, f"the page does not state {mode} {name} as the manifest has it: {stated}"
+    assert f"{manifest['train']['steps']} steps at batch {recipe['train']['batch_size']}" in page
+    assert f"batches of {recipe['regenerate']['batch_size']:,}" in page
+    training = " ".join((DOCS / "training.md").read_text(encoding="utf-8").split())
+    assert f"(the SmolLM2 recipe, [Reference models](reference-models.md), uses {recipe['regenerate']['batch_size']})" \
+        in training
