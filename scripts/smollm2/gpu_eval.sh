@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU call C of the SmolLM2-135M-Instruct recipe: bench/bench_real.py on the head that gpu_train.sh (call B) kept on
-# the same warm machine, within a hard budget of script time; $OUT/real.json (rewritten after every prompt, so a cut
-# run keeps what it measured) and $OUT/eval.log.
+# bench/bench_real.py on the SmolLM2-135M-Instruct head that gpu_train.sh kept on the same warm machine, within a hard
+# budget of script time; $OUT/real.json (rewritten after every prompt, so a cut run keeps what it measured) and
+# $OUT/eval.log.
 # Run from the repository root, with the gguf package importable:
 #   T0=$(date +%s) SMOLLM2_GGUF=~/gguf/SmolLM2-135M-Instruct.Q4_1.gguf OUT=/some/dir bash scripts/smollm2/gpu_eval.sh
 # T0 (epoch seconds, default now) is when the call began, so that what ran before this script counts too; BUDGET
