@@ -11,7 +11,7 @@ import torch
 
 from ..kernels import verify_greedy
 from .processors import process_tree_logits
-from .sampling import tree_rejection_sample_scores
+from .sampling import tree_rejection_sample_scores, walk_noise
 from .tree import Tree, path_indices
 
 __all__ = ["accept", "committed"]
@@ -27,6 +27,8 @@ def accept(tree: Tree, logits: torch.Tensor, q_nodes: torch.Tensor | None, proce
     see ``process_tree_logits``). ``noise``: sampling's (u, e), drawn already (``sampling.walk_noise``), or None
     to draw them from ``generator``.
     """
+    if tree.size == 1:  # no draft (TreeConfig.none()): the target's own next token, as generate() picks it
+        return _root_only(tree, logits, q_nodes is not None, processors, rows, generator, noise)
     if q_nodes is None:
         scores = process_tree_logits(processors, rows, tree, logits, depth) if processors else logits
         accept_len, _, bonus, path = verify_greedy(scores, tree.tokens, tree.parent, tree.depth, depth,
@@ -36,6 +38,21 @@ def accept(tree: Tree, logits: torch.Tensor, q_nodes: torch.Tensor | None, proce
         accept_len, best, bonus = tree_rejection_sample_scores(tree, scores, q_nodes, generator, noise=noise)
         path = path_indices(tree, best, depth)  # (B, D+1)
     return accept_len, path, bonus[:, None], scores
+
+
+def _root_only(tree: Tree, logits: torch.Tensor, sampled: bool, processors, rows: list, generator, noise):
+    """``accept`` for a tree of the root alone (B, 1): greedy takes the argmax (``generate``'s own choice, token for
+    token), sampling draws from the processed distribution with the bonus's Exp(1) noise (argmax p / e)."""
+    scores = process_tree_logits(processors, rows, tree, logits, 0) if processors or sampled else logits
+    if sampled:  # the same draws, in the same order, as the walk over a tree would take (``walk_noise``)
+        B, V = scores.shape[0], scores.shape[-1]
+        _, e = noise if noise is not None else walk_noise(scores.new_empty(B, 1, dtype=torch.float32),
+                                                           scores.new_empty(B, V, dtype=torch.float32), generator)
+        bonus = (torch.softmax(scores[:, 0].float(), -1) / e.clamp_min(torch.finfo(e.dtype).tiny)).argmax(-1)
+    else:
+        bonus = scores[:, 0].argmax(-1)
+    zero = torch.zeros_like(bonus)
+    return zero, zero[:, None], bonus[:, None], scores
 
 
 def committed(tokens: torch.Tensor, q_pos: torch.Tensor, accept_len: torch.Tensor, path: torch.Tensor,

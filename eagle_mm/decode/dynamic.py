@@ -143,8 +143,16 @@ class DynamicStorage:
         self.head_cache, self.root, self.root_pos, self.root_out, self.root_logits = (hcache, root, root_pos,
                                                                                       root_out, root_logits)
 
+    def set_tree(self, tree) -> None:
+        """Draft ``tree`` from the next cycle on."""
+        self.tree = tree
+
     def draft(self):
         t, s = self.tree, self.sampler
+        if not t.drafts:  # the root alone (``TreeConfig.none()``)
+            zero = torch.zeros_like(self.root)[:, None]
+            q_nodes = None if s is None else torch.zeros(*zero.shape, s.vocab_size, device=zero.device)
+            return Tree(self.root[:, None], zero, zero), self.root_pos[:, None], q_nodes
         noise = None
         if s is not None:  # the same draws, in the same order, as the engine's
             noise = draft_noise(torch.empty(self.root.shape[0], 1 + scratch_slots(t.top_k, t.depth), s.width,
@@ -170,6 +178,9 @@ class DynamicStorage:
         A = int(packed[:, 0].max()) + 1  # keep root + accepted nodes: A slots for every row, shorter paths padded
         keep, new_pos = path[:, :A], new_pos[:, :A]
         keep_path(self.cache, self._snap, self.book, keep, new_pos, tokens.shape[1])
+        if not self.tree.drafts:  # no draft: the head is left as it is (``steps.advance_step`` says why)
+            self.root, self.root_pos = bonus.squeeze(1), self.root_pos + 1
+            return packed
         # Head: entries pairing each kept node's true feature with the next committed token.
         hidden = feats.gather(1, keep[:, :, None].expand(-1, -1, feats.shape[-1]))
         self.head_cache, h_out, h_logits = extend_head(self.head, self.head_cache, hidden, new_tok[:, :A], new_pos)

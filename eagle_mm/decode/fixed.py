@@ -34,7 +34,7 @@ from .masks import LayerKind
 from .rows import cache_view, move_rows, static_rows
 from .processors import reads_input_ids
 from .sampling import draft_noise, walk_noise
-from .steps import accept_step, draft_step, prefill_step, update_step, verify_step
+from .steps import accept_step, advance_step, draft_step, prefill_step, update_step, verify_step
 from .tree import Tree
 
 __all__ = ["FixedStorage", "Buffers", "cache_length", "prefill_length"]
@@ -146,6 +146,20 @@ class Buffers:
         return Buffers(**{f.name: static_rows(t, n) if t is not None and t.dim() > 0 else t
                           for f in fields(self) for t in (getattr(self, f.name),)})
 
+    def for_tree(self, q_len: int, scratch: int) -> "Buffers":
+        """The buffers a smaller tree's steps use (the chooser's trees within the capacity they were sized for): the
+        first ``q_len`` nodes of the tree's buffers and the noise of ``scratch`` draft slots (static column views at
+        the same addresses; the head's scratch slots past the tree's are left unused)."""
+        cols = {"tokens", "parent", "depth", "q_pos", "q_nodes", "u"}
+        out = {}
+        for f in fields(self):
+            t = getattr(self, f.name)
+            if t is not None and (f.name in cols or f.name == "noise"):
+                t = t[:, : q_len if f.name in cols else 1 + scratch]
+                torch._dynamo.mark_static_address(t)
+            out[f.name] = t
+        return Buffers(**out)
+
 
 class FixedStorage:
     """One call's engine: the target's static cache, the head's buffers, and the cycle's step functions
@@ -157,20 +171,23 @@ class FixedStorage:
     """
 
     def __init__(self, model, head, kinds: list[LayerKind], tree, batch: int, prompt_len: int, max_length: int,
-                 mode: str | None, sampler=None):
+                 mode: str | None, sampler=None, capacity=None):
         # The draft step is keyed on the sampler: one object per warper setting; the call's generator stays here.
         self.generator = sampler.generator if sampler is not None else None
         sampler = sampler.for_graphs() if sampler is not None else None
         self.model, self.head, self.kinds, self.tree, self.mode, self.sampler = model, head, kinds, tree, mode, sampler
+        # The buffers are sized for ``capacity`` (the largest tree the call may switch to, ``set_tree``), the tree runs.
+        self.capacity = capacity or tree
         self._cache_kwarg = cache_kwarg(model)
         new = max_length - prompt_len  # the prompt takes its bucket's slots (text) or its own (images): the larger
         length = cache_length(prefill_length(prompt_len), prefill_length(prompt_len) + new, batch,
-                              tree.total_tokens + 1, tree.depth)
+                              self.capacity.total_tokens + 1, self.capacity.depth)
         self._entry = _target_cache(model, batch, length, len(kinds))
         self.cache = self._entry.cache
         self.length = self.cache.layers[0].max_cache_len
         self.cur = 0
         self.buf: Buffers | None = None
+        self._full: Buffers | None = None
         self.batch = batch  # rows the cycle runs on: fewer after ``compact``
         self.compacts, self.pow2 = mode in (None, "graphs"), mode == "graphs"
         self._next = None  # the next cycle's draft, launched ahead of the host read
@@ -184,11 +201,13 @@ class FixedStorage:
         self._draft = wrapped(head, "draft", draft_step, _step_mode("draft", mode))
         self._update = wrapped(head, "update", update_step, _step_mode("update", mode))
         self._accept = wrapped(head, "accept", accept_step, _step_mode("accept", mode))
+        self._advance = wrapped(model, "advance", advance_step, _step_mode("advance", mode))
+        self._tree_views: dict = {}  # (rows, q_len, scratch) -> Buffers views for the tree that runs
 
     @property
     def setup(self) -> float:
         """Seconds this engine's step functions have spent compiling or capturing, over all calls so far."""
-        return setup_seconds(self._prefill, self._verify, self._draft, self._update, self._accept)
+        return setup_seconds(self._prefill, self._verify, self._draft, self._update, self._accept, self._advance)
 
     def _slot_positions(self, slot_pos: torch.Tensor) -> torch.Tensor:
         B, T = slot_pos.shape
@@ -245,10 +264,10 @@ class FixedStorage:
 
     def start(self, hcache: HeadCache, root, root_pos, root_out, root_logits) -> None:
         """Copy the prefill's head cache (S entries, one per prompt slot) and the root into the buffers."""
-        t, S = self.tree, hcache.k.shape[2]
+        t, S = self.capacity, hcache.k.shape[2]
         if S != self.cur:
             raise ValueError(f"head cache of {S} entries does not match the target's {self.cur} prefilled slots")
-        scratch, q_len = scratch_slots(t.top_k, t.depth), t.total_tokens + 1
+        scratch, q_len = max(0, scratch_slots(t.top_k, t.depth)), t.total_tokens + 1
         vocab = self.sampler.vocab_size if self.sampler is not None else None
         width = self.sampler.width if self.sampler is not None else None
         key = (tuple(hcache.k.shape[:2]), hcache.k.shape[3], hcache.v.shape[3], self.length, scratch, q_len, vocab,
@@ -267,8 +286,30 @@ class FixedStorage:
         for dst, src in ((buf.root, root), (buf.root_pos, root_pos), (buf.root_out, root_out),
                          (buf.root_logits, root_logits)):
             dst.copy_(src)
-        self.buf, self._full, self._next = buf, buf, None
+        self._full, self._next, self._tree_views = buf, None, {}
+        self.buf = self._tree_buffers()
         self._layers = self._layers_initialized()
+
+    def _tree_buffers(self) -> Buffers:
+        """The buffers of the rows that run (``compact``) for the tree that runs (``set_tree``), kept per shape:
+        views marked static are the same objects cycle after cycle."""
+        t = self.tree
+        key = (self.batch, t.total_tokens + 1, max(0, scratch_slots(t.top_k, t.depth)))
+        if key not in self._tree_views:
+            rows = self._full if self.batch == self._full.root.shape[0] else self._full.rows(self.batch)
+            self._tree_views[key] = rows if t == self.capacity else rows.for_tree(key[1], key[2])
+        return self._tree_views[key]
+
+    def set_tree(self, tree) -> None:
+        """Draft ``tree`` from the next cycle on (a tree within the capacity the buffers were sized for). A draft
+        launched ahead for the previous tree is dropped."""
+        if tree == self.tree:
+            return
+        if not tree.fits(self.capacity):
+            raise ValueError(f"{tree} does not fit the buffers sized for {self.capacity}")
+        self.tree, self._next = tree, None
+        if self._full is not None:
+            self.buf = self._tree_buffers()
 
     def compact(self, keep: list[int]) -> None:
         """Go on with the storage rows ``keep`` (``rows.plan``): moved to the first rows of the full-size cache and
@@ -279,7 +320,8 @@ class FixedStorage:
         move_rows([t[: self.batch] for t in full], keep, self.batch)
         if n not in entry.views:
             entry.views[n] = cache_view(entry.cache, rows=n)
-        self.batch, self.cache, self._pos, self.buf = n, entry.views[n], static_rows(entry.pos, n), self._full.rows(n)
+        self.batch, self.cache, self._pos = n, entry.views[n], static_rows(entry.pos, n)
+        self.buf = self._tree_buffers()
         self._layers = [la for la in self.cache.layers if la.is_initialized]
         if self._next is not None:
             b = self.buf
@@ -293,6 +335,10 @@ class FixedStorage:
 
     def _launch_draft(self):
         b, t, s = self.buf, self.tree, self.sampler
+        if not t.drafts:  # the root alone (its parent and depth columns hold 0 from the start)
+            b.tokens[:, 0].copy_(b.root)
+            b.q_pos[:, 0].copy_(b.root_pos)
+            return Tree(b.tokens, b.parent, b.depth), b.q_pos, b.q_nodes
         if s is not None:
             draft_noise(b.noise, self.generator)  # outside the graph: a user's torch.Generator cannot be captured
         _run(self._draft, nothing_to_undo, self.head, b.head_k, b.head_v, b.head_pos, b.root, b.root_pos, b.root_out,
@@ -327,6 +373,9 @@ class FixedStorage:
             raise RuntimeError(f"static cache of {self.length} slots is full ({self.cur} used, a path needs "
                                f"{path.shape[1]})")
         b, layers = self.buf, self._layers
+        if not self.tree.drafts:
+            return _run(self._advance, self._undo_advance, [la.cumulative_length for la in layers], self._pos, b.cur,
+                        b.root, b.root_pos, bonus)
         return _run(self._update, self._undo_update, self.head, [la.keys for la in layers],
                     [la.values for la in layers], [la.cumulative_length for la in layers], self._pos, b.head_k,
                     b.head_v, b.head_pos, b.cur, b.root, b.root_pos, b.root_out, b.root_logits, tokens, q_pos, feats,
@@ -351,6 +400,18 @@ class FixedStorage:
         def restore():
             for t, i, v in saved:
                 t[i] = v
+        return restore
+
+    def _undo_advance(self):
+        """``OwnGraph``'s undo for ``advance_step``: the slot position it writes, the root and the pointers."""
+        b, c = self.buf, self.cur
+        saved = [(t, t.clone()) for t in (b.cur, b.root, b.root_pos, *(la.cumulative_length for la in self._layers))]
+        pos = self._pos[:, c].clone()
+
+        def restore():
+            for t, v in saved:
+                t.copy_(v)
+            self._pos[:, c] = pos
         return restore
 
     def read(self, packed: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ from .draft import HeadCache, bonus_entry, draft_candidates, head_entries, node_
 from .masks import tree_masks
 from .tree import Tree, ancestors, select_tree
 
-__all__ = ["prefill_step", "verify_step", "draft_step", "accept_step", "update_step", "keep_slots"]
+__all__ = ["prefill_step", "verify_step", "draft_step", "accept_step", "update_step", "advance_step", "keep_slots"]
 
 
 def _forward(model, cache, kinds, kwarg: str, cap, tokens, q_pos, q_allowed, slot_pos, write, position_ids, **kw):
@@ -101,3 +101,17 @@ def update_step(head, keys: list, values: list, lengths: list, target_pos, head_
     root_pos.add_(accept_len + 1)
     cur.add_(advance)
     return torch.cat((accept_len[:, None], new_tok), 1)
+
+
+def advance_step(lengths: list, target_pos, cur, root, root_pos, bonus) -> torch.Tensor:
+    """After a cycle without a draft (``TreeConfig.none()``): the verified root keeps the slot ``cur`` it was written
+    to, the target's token becomes the next root, and the head is left as it is (nothing was drafted from it, and
+    updating it would cost a head forward per token; a later tree drafts over the gap, which only its acceptance
+    feels). bonus (B, 1). Returns (B, 2): the accept length 0, then the new token, as ``update_step``'s output."""
+    target_pos.index_copy_(1, cur[None], root_pos[:, None])
+    for n in lengths:
+        n.copy_(cur + 1)
+    root.copy_(bonus.squeeze(1))
+    root_pos.add_(1)
+    cur.add_(1)
+    return torch.cat((torch.zeros_like(bonus), bonus), 1)
