@@ -28,7 +28,8 @@ from ..config import TreeConfig, bound_tree
 from ..target.features import FeatureCapture
 from ..target.multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
     verify_positions
-from .draft import DraftSampler, extend_head
+from .chooser import MAX_TOP_K, Session, chooser_for, setting_of
+from .draft import DraftSampler, HeadCache, extend_head
 from .dynamic import DynamicStorage
 from .fixed import FixedStorage
 from .options import check_attention, check_generation_config, choose_storage, default_tree, pad_id, \
@@ -37,7 +38,7 @@ from .processors import reads_input_ids, reads_tokens
 from .rows import plan
 from .skinny import skinny_linears
 from .state import DecodeState, SpeculativeOutput, SpeculativeStats
-from .stopping import first_stop
+from .stopping import block_stops, first_stop
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +57,12 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | dict | 
     Greedy output is token-identical to ``generate``; sampling keeps the target's distribution exactly.
     Returns the sequences tensor, or a ``SpeculativeOutput`` (``.sequences``, ``.stats``) when
     ``return_dict_in_generate=True``. ``generator`` seeds sampling (else torch's global RNG).
-    ``tree``: a TreeConfig (or a dict of its fields); None for the default of this device and batch size
-    (``options.default_tree``); or "auto": ``eagle_mm.decode.autotree.choose_tree`` calibrates on
-    ``autotree_inputs`` (text prompts) or the first prompt row, on every call; run it once and pass its
-    ``.tree`` to decode many prompts.
+    ``tree``: a TreeConfig (or a dict of its fields), always drafted as given (``TreeConfig.none()``: no draft, one
+    token per target forward); None for the tree the chooser picks (``eagle_mm.decode.chooser``: from the costs
+    of the engine's steps, measured once per machine and kept on disk, and the acceptance the head is getting,
+    learned from each call; ``TreeConfig.none()`` where no tree pays; picked again when rows finish), reported
+    with the expected rates of the finalists in ``stats.choices``; or "auto": the same, its acceptance first
+    calibrated by replay on ``autotree_inputs`` (text prompts) or the first prompt row.
     The default call runs the engine: fixed-address buffers and fixed shapes, its steps captured as CUDA graphs on
     CUDA (no compiler; the first call of a shape captures them, later calls replay them) and eager elsewhere.
     ``compile``: True compiles the verify and the update with inductor first (mode "reduce-overhead" on CUDA,
@@ -141,21 +144,25 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     parts = resolve_target(model)
     mask, position_ids, extra = split_model_inputs(input_ids, model_kwargs, PREFILL_INPUTS if parts.is_vlm else ())
     images = image_prompt(parts, model.config, input_ids, extra) if parts.is_vlm else None
-    tree, autotree = resolve_tree(tree), None
-    if tree == "auto":
-        tree, autotree = _auto_tree(model, head, input_ids, mask, images, autotree_inputs)
-    elif tree is None:
-        tree = default_tree(input_ids.device, input_ids.shape[0], sampled=gen.do_sample)
-    tree = bound_tree(tree, gen.max_length - input_ids.shape[1])  # no deeper than what can be committed
-    _check_cache_room(parts, gen.max_length - 1, tree)  # the last verify is over at most max_length - 2 slots
+    tree, B, new = resolve_tree(tree), input_ids.shape[0], gen.max_length - input_ids.shape[1]
     head.attach(model)
     vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size
-    if tree.top_k > vd:
-        raise ValueError(f"tree top_k={tree.top_k} exceeds the head's draft vocabulary of {vd} tokens")
     kind, mode, kinds = choose_storage(eagle_cache_implementation, eagle_compile, model, parts, logits_processor,
                                        device=input_ids.device)
-    sampler = DraftSampler.from_processors(logits_processor, head, generator, tree.top_k) if gen.do_sample else None
-    stats = SpeculativeStats(accept_counts=[0] * tree.depth, tree=tree, autotree=autotree, engine=kind, mode=mode)
+    # ---- the tree: the user's, or the chooser's (chooser.py; the fallback storage drafts options.default_tree) --
+    if not isinstance(tree, TreeConfig) and new <= 1:  # the prefill's token is all: no cycle, nothing to measure
+        tree = TreeConfig.chain(1)  # (a tree all the same: the head reads the prompt as in every drafting call)
+    if tree == "auto":  # the chooser, its acceptance first calibrated by replay on text prompts
+        _calibrate(model, head, input_ids, mask, images, autotree_inputs, gen)
+    if not isinstance(tree, TreeConfig) and kind == "dynamic":
+        tree = default_tree(input_ids.device, B, sampled=gen.do_sample)
+    if isinstance(tree, TreeConfig):
+        tree = bound_tree(tree, new)  # no deeper than what can be committed
+        if tree.top_k > vd:
+            raise ValueError(f"tree top_k={tree.top_k} exceeds the head's draft vocabulary of {vd} tokens")
+    width = tree.top_k if isinstance(tree, TreeConfig) else min(vd, MAX_TOP_K)  # the widest the chooser drafts
+    sampler = DraftSampler.from_processors(logits_processor, head, generator, width) if gen.do_sample else None
+    # ----
     lock = _model_lock(model) if kind == "fixed" else contextlib.nullcontext()
     # Eager cycles on a CPU: few-row linears as W @ x^T (skinny.py); a compiler chooses its own kernels, and the
     # prefill keeps generate()'s own arithmetic (its first token and features are bit for bit generate()'s).
@@ -163,15 +170,25 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     linears = skinny_linears(model, head) if eager_cpu else contextlib.nullcontext()
     with lock, FeatureCapture(parts, head.feature_layers(parts.num_layers),
                               input_embeds=head.reads_images(parts)) as cap:
+        session = None
+        if not isinstance(tree, TreeConfig):  # measured costs (probed once per machine) and running acceptance
+            session = Session.start(chooser_for(model, head), model=model, head=head, cap=cap, kinds=kinds, batch=B,
+                                    gen=gen, sampler=sampler, mode=mode, max_depth=new, max_top_k=vd,
+                                    shrinks=mode in (None, "graphs"),
+                                    mrope=images is not None and images.positions is not None)
+            tree = session.tree
+        capacity = session.capacity if session is not None else tree
+        _check_cache_room(parts, gen.max_length - 1, capacity)  # the last verify is over at most max_length - 2 slots
+        stats = SpeculativeStats(accept_counts=[0] * capacity.depth, tree=tree, engine=kind, mode=mode)
         if kind == "fixed":
             store = FixedStorage(model, head, kinds, tree, input_ids.shape[0], input_ids.shape[1],
-                                 gen.max_length, mode, sampler)
+                                 gen.max_length, mode, sampler, capacity=capacity)
         else:
             store = DynamicStorage(model, head, parts, tree, sampler)
         setup0 = store.setup
         t0 = time.perf_counter()
         state = _prefill(model, head, cap, store, input_ids, mask, position_ids, images, logits_processor, gen,
-                         generator)
+                         generator, drafts=tree.drafts)
         _commit(state, state.first[:, None].tolist(), stopping_criteria, streamer)
         stats.time_prefill += time.perf_counter() - t0
         with linears:
@@ -180,10 +197,16 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
                 if keep is not None:  # finished rows stop costing: the storage goes on with the others
                     store.compact(keep)
                     state.keep(keep)
-                _check_cache_room(parts, store.cur, tree)
+                if session is not None:  # the chooser watches each cycle, and picks again when rows finished
+                    tree = session.next_tree(store.batch, stats, store.setup)
+                    store.set_tree(tree)
+                _check_cache_room(parts, store.cur, capacity)
                 _cycle(model, head, cap, store, state, tree, gen, logits_processor, stopping_criteria, streamer,
                        sampler, generator, stats)
         stats.time_compile = store.setup - setup0
+        if session is not None:
+            session.finish(stats, store.setup)
+            stats.choices = session.choices
     if streamer is not None:
         streamer.end()
     sequences = _assemble(input_ids, state.generated, pad_id(gen))
@@ -208,18 +231,17 @@ def _model_lock(model) -> threading.RLock:
         return lock
 
 
-def _auto_tree(model, head, input_ids, attention_mask, images, calib_inputs):
-    """tree="auto": the TreeConfig ``choose_tree`` predicts fastest here, and its report."""
-    from .autotree import choose_tree
+def _calibrate(model, head, input_ids, attention_mask, images, calib_inputs, gen) -> None:
+    """tree="auto": the chooser's acceptance for this setting, calibrated by replay on ``calib_inputs``."""
+    from .autotree import calibrate_acceptance
 
     if calib_inputs is None:
         if images is not None and images.num_images:
             raise ValueError("tree='auto' calibrates on text prompts; with images in the prompt pass text-only "
                              "calibration prompts as autotree_inputs=...")
         calib_inputs = [input_ids[0][attention_mask[0].bool()]]  # the first row, without its padding
-    result = choose_tree(model, head, calib_inputs, batch_size=input_ids.shape[0], decode=speculative_generate)
-    logger.debug("tree='auto' candidates:\n%s", result.table())
-    return result.tree, result
+    with _model_lock(model):  # the chooser's estimates are shared by the calls on this model, which take turns
+        calibrate_acceptance(model, head, calib_inputs, chooser_for(model, head).acceptance_for(setting_of(gen)))
 
 
 def _check_cache_room(parts, length: int, tree: TreeConfig) -> None:
@@ -243,8 +265,9 @@ def _choose(scores: torch.Tensor, do_sample: bool, generator) -> torch.Tensor:
 
 
 def _prefill(model, head, cap, store, input_ids, mask, position_ids, images, processors, gen,
-             generator) -> DecodeState:
-    """The prompt's forward, the first token, and the head's entries for the prompt."""
+             generator, drafts: bool = True) -> DecodeState:
+    """The prompt's forward, the first token, and the head's entries for the prompt (``drafts``: the call starts
+    with a tree; one without never drafts, ``chooser.Session``, and leaves the head out)."""
     slot_pos = position_ids.masked_fill(mask == 0, -1)  # (B, T)
     extra, model_pos = None, position_ids
     if images is not None:  # a VLM: images (encoded once, here), token types, M-RoPE positions
@@ -262,14 +285,29 @@ def _prefill(model, head, cap, store, input_ids, mask, position_ids, images, pro
     if cap.keeps_input_embeds:
         # The target's merged embeddings (image features at image positions), shifted like head_tokens.
         embeds = torch.cat((cap.input_embeds()[:, 1:], head.embed(root[:, None]).to(feats.device)), 1)
-    hcache, h_out, h_logits = extend_head(head, None, feats, head_tokens, slot_pos, embeds=embeds)
-    store.start(hcache, root, position_ids[:, -1] + 1, h_out[:, -1], h_logits[:, -1])
+    if drafts:
+        hcache, h_out, h_logits = extend_head(head, None, feats, head_tokens, slot_pos, embeds=embeds)
+        h_out, h_logits = h_out[:, -1], h_logits[:, -1]
+    else:  # the head's pass over the prompt (draft logits at every position) would serve nothing
+        hcache, h_out, h_logits = _idle_head(head, slot_pos)
+    store.start(hcache, root, position_ids[:, -1] + 1, h_out, h_logits)
     B = input_ids.shape[0]
     logits = [[r] for r in last_logits.float().cpu()] if gen.output_logits else None
     kept_scores = [[r] for r in scores.cpu()] if gen.output_scores else None
     return DecodeState(prompt=input_ids.tolist(), generated=[[] for _ in range(B)], finished=[False] * B,
                        first=root.cpu(), rope_offsets=rope_offsets(images, position_ids) if images is not None
                        else None, logits=logits, scores=kept_scores)
+
+
+def _idle_head(head, slot_pos: torch.Tensor):
+    """The head's state for a call that never drafts: a cache of one empty slot per prompt slot (B, nkv, S, hd),
+    and zeros for the root's output and draft logits."""
+    c, p = head.config, next(head.parameters())
+    B, S = slot_pos.shape
+    k = torch.zeros(B, c.num_key_value_heads, S, c.head_dim, dtype=p.dtype, device=slot_pos.device)
+    vocab = getattr(c, "draft_vocab_size", None) or c.vocab_size
+    return (HeadCache(k, torch.zeros_like(k), torch.full_like(slot_pos, -1)), k.new_zeros(B, c.hidden_size),
+            torch.zeros(B, vocab, device=slot_pos.device))
 
 
 def _kept_rows(state: DecodeState, path: torch.Tensor, logits: torch.Tensor, scores: torch.Tensor):
@@ -286,12 +324,15 @@ def _commit(state: DecodeState, new_tokens: list[list[int]], criteria, streamer,
     """Append each row's new tokens, up to where generate()'s criteria, asked after every token, stop it.
     new_tokens[i]: the tokens of storage row i (``state.slots``); ``kept``: the (B', K, V) logits and scores behind
     them (output_logits / output_scores), or None."""
+    fast = block_stops(criteria, [len(state.prompt[b]) + len(state.generated[b]) for b in state.slots], new_tokens)
     for i, (b, toks) in enumerate(zip(state.slots, new_tokens)):
         if state.finished[b]:
             continue
-        # One host tensor per row and cycle; the criteria see its prefixes, as generate() would.
-        seq = torch.tensor(state.prompt[b] + state.generated[b] + toks, dtype=torch.long)[None]
-        stop = first_stop(criteria, seq, seq.shape[1] - len(toks))
+        if fast is not None:  # generate()'s own criteria: answered for the whole block from the host's lists
+            stop = fast[i]
+        else:  # one host tensor per row and cycle; the criteria see its prefixes, as generate() would
+            seq = torch.tensor(state.prompt[b] + state.generated[b] + toks, dtype=torch.long)[None]
+            stop = first_stop(criteria, seq, seq.shape[1] - len(toks))
         taken = toks if stop is None else toks[: stop + 1]
         state.generated[b].extend(taken)
         state.finished[b] = stop is not None
@@ -315,11 +356,11 @@ def _cycle(model, head, cap, store, state: DecodeState, tree_cfg: TreeConfig, ge
     kept = _kept_rows(state, path, logits, scores)  # before the next verify reuses the logits' memory
     # Keep the path, extend the head and set the next root on the device, then the cycle's one host read of the
     # accept lengths and new tokens (the engine queues the next draft behind it on CUDA).
-    host = store.read(store.update(tree.tokens, q_pos, feats, accept_len, path, bonus))  # (B, 1 + D+1)
+    host = store.read(store.update(tree.tokens, q_pos, feats, accept_len, path, bonus)).tolist()  # (B, 1 + D+1)
     t2 = time.perf_counter()
-    acc = host[:, 0].tolist()  # per storage row
+    acc = [r[0] for r in host]  # per storage row
     _count(stats, acc, [state.finished[b] for b in state.slots], tree.size - 1)
-    _commit(state, [host[b, 1: acc[b] + 2].tolist() for b in range(len(acc))], criteria, streamer, kept)
+    _commit(state, [r[1: r[0] + 2] for r in host], criteria, streamer, kept)
     store.advance(max(acc) + 1)
     t3 = time.perf_counter()
     stats.time_draft += t1 - t0

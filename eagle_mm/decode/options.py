@@ -120,7 +120,8 @@ def resolve_tree(tree):
 
 
 def default_tree(device: torch.device, batch: int, sampled: bool = False) -> TreeConfig:
-    """The tree the default call drafts. A CPU computes every verified node (with ``skinny.py``'s linears a forward
+    """The tree the fallback storage (``dynamic.py``) drafts when the call gave none: the engine's default call
+    chooses its own (``chooser.py``), from costs measured there. A CPU computes every verified node (with ``skinny.py``'s linears a forward
     of 3-4 tokens costs about 1.4x one of 1 on this project's 2-core machine), so it gets a short chain, and when
     sampling, where a draft's later tokens are accepted less often, two levels of two candidates (code-tiny, T=0.8:
     1.13x ``generate`` against the chain's 0.97x); on a GPU a wide tree is free while the target is memory-bound,

@@ -52,8 +52,10 @@ class SpeculativeStats:
     time_other: float = 0.0  # per-cycle bookkeeping (committing tokens, stopping checks, the dynamic cache/head update)
     time_prefill: float = 0.0  # seconds from the call's start to its first token: prefill forward and setup
     time_compile: float = 0.0  # seconds of the above spent compiling or capturing graphs (first calls of a shape)
-    tree: TreeConfig | None = None  # the draft tree the loop ran with
-    autotree: object = None  # with tree="auto": the calibration that chose it (``autotree.AutoTreeResult``)
+    tree: TreeConfig | None = None  # the draft tree the loop started with (``TreeConfig.none()``: no draft)
+    # The chooser's decisions (``chooser.TreeChoice``: the tree, the batch, why, the finalists' expected rates), the
+    # first at the start and one whenever it picked again; empty when the call was given a tree.
+    choices: list = field(default_factory=list)
     engine: str = "fixed"  # "fixed": the engine's buffers; "dynamic": the fallback over HF's DynamicCache
     mode: str | None = None  # the engine's step mode: None eager, "graphs", or a torch.compile mode
 
@@ -86,7 +88,7 @@ class SpeculativeStats:
             "engine": self.engine,
             "mode": self.mode,
             "tree": asdict(self.tree) if self.tree is not None else None,
-            "autotree": self.autotree.as_dict(candidates=False) if self.autotree is not None else None,
+            "choices": [c.as_dict() for c in self.choices],
         }
 
 
