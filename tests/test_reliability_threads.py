@@ -61,8 +61,10 @@ def _jobs():
 def _decode(target, head, batch, do_sample, seed):
     ids = prompt(6 + 3 * seed + batch, batch=batch, seed=10 + seed)
     gen = torch.Generator().manual_seed(seed) if do_sample else None
+    # A given tree: the default call's is chosen from what earlier calls saw, which threads change the order of.
     out = eagle_mm.speculative_generate(target, head, ids, max_new_tokens=12, do_sample=do_sample, generator=gen,
-                                        top_k=0, return_dict_in_generate=True)
+                                        top_k=0, tree=eagle_mm.TreeConfig(depth=3, top_k=2, total_tokens=4),
+                                        return_dict_in_generate=True)
     return out.sequences, out.stats.accept_counts, out.stats.accepted_tokens
 
 
