@@ -324,7 +324,7 @@ def warm_ours(run: Run, modes) -> None:
     """Capture ours's CUDA graphs for every prompt bucket first (eagle_mm.warmup; the longest first, so that the
     cache it sizes serves them all): the timed calls then replay them. Nothing to capture on a CPU."""
     from eagle_mm import warmup
-    from eagle_mm.decode.fixed import prefill_length
+    from eagle_mm.decode.storage import prefill_length
 
     if run.device.type != "cuda":
         return

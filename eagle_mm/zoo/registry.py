@@ -53,15 +53,17 @@ class ZooModel:
     prompts: list[str] = field(default_factory=list)  # validation prompts (prompts.json)
 
     def demo_tree(self):
-        """The ``TreeConfig`` the default call drafts on the target's device at batch 1."""
+        """The fixed tree the demos draft on the target's device (``demo_tree``)."""
         return demo_tree(self.target.device)
 
 
 def demo_tree(device: torch.device):
-    """The ``TreeConfig`` the default call drafts on ``device`` at batch 1 (``decode.options.default_tree``)."""
-    from ..decode.options import default_tree
+    """A fixed ``TreeConfig`` for demos that show the same tree on every run and machine: a chain of 3 on a CPU, which
+    pays for every verified node, the wide ``TreeConfig()`` on a GPU. The default call chooses its own from what it
+    measures (``decode.chooser``)."""
+    from ..config import TreeConfig
 
-    return default_tree(torch.device(device), 1)
+    return TreeConfig.chain(3) if torch.device(device).type == "cpu" else TreeConfig()
 
 
 def _root() -> tuple[Path, str]:
@@ -204,7 +206,7 @@ class ScenesModel:
                 "pixel_values": pix.to(dev, self.target.dtype)}
 
     def demo_tree(self):
-        """The ``TreeConfig`` the default call drafts on the target's device at batch 1."""
+        """The fixed tree the demos draft on the target's device (``demo_tree``)."""
         return demo_tree(self.target.device)
 
 
