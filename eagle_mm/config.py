@@ -315,6 +315,13 @@ class TreeConfig:
                 and self.total_tokens <= capacity.total_tokens)
 
     @classmethod
+    def reference(cls, device) -> "TreeConfig":
+        """A fixed tree for numbers that must compare across runs and calls (training's evaluation, the demos): a chain
+        of 3 on a CPU, where every verified node costs compute, ``TreeConfig()`` on a GPU. ``device``: a
+        ``torch.device`` or its name. The default call chooses its own tree from what it measures (``decode.chooser``)."""
+        return cls.chain(3) if str(device).split(":")[0] == "cpu" else cls()
+
+    @classmethod
     def coerce(cls, value) -> "TreeConfig | str":
         """What a ``tree=`` argument may be, as a TreeConfig: a TreeConfig (as is), a dict of its fields (as
         Hugging Face users pass configs), None (the defaults) or "auto" (returned as is)."""

@@ -203,6 +203,29 @@ def test_the_cost_file_is_kept_keyed_versioned_and_measured_again_when_damaged(s
     assert len(list(cost_folder().glob("costs-*.json"))) == 2
 
 
+def test_the_probe_leaves_the_global_random_state_alone():
+    """A sampled call seeded through torch's global generator draws the same tokens whether or not its first call
+    measured the costs: the probe draws its noise from a generator of its own."""
+    from transformers import LogitsProcessorList
+    from transformers.generation import logits_process as lp
+
+    from eagle_mm.decode.costs import probe
+    from eagle_mm.decode.draft import DraftSampler
+    from eagle_mm.target.features import FeatureCapture
+    from eagle_mm.target.parts import resolve_target
+
+    model = tiny_model("llama")
+    head = em.Eagle3Head.from_target(model)
+    head.attach(model)
+    parts = resolve_target(model)
+    sampler = DraftSampler.from_processors(LogitsProcessorList([lp.TopPLogitsWarper(0.9)]), head, None, 8)
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    with FeatureCapture(parts, head.feature_layers(parts.num_layers)) as cap, torch.no_grad():
+        costs = probe(model, head, cap, 2, device=torch.device("cpu"), sampler=sampler)
+    assert torch.equal(torch.get_rng_state(), before) and costs.batch == 2
+
+
 def test_cycle_costs_refuse_bad_data():
     good = _costs(2, FLAT).as_json()
     assert CycleCosts.from_json(json.loads(json.dumps(good))) == _costs(2, FLAT)

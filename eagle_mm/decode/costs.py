@@ -244,10 +244,11 @@ class _Probe:
         buf.parent.copy_(parent.expand(B, -1))
         buf.depth.copy_(depth.expand(B, -1))
         buf.q_pos.copy_(P + buf.depth)
-        if sampler is not None:
+        if sampler is not None:  # noise from a generator of the probe's own: the call's draws are left as they are
+            noise = torch.Generator(device).manual_seed(1)
             buf.q_nodes.fill_(1.0 / self.V)
-            walk_noise(buf.u, buf.e, None)
-            draft_noise(buf.noise, None)
+            walk_noise(buf.u, buf.e, noise)
+            draft_noise(buf.noise, noise)
 
     def timer(self, fn, after=None) -> _Timer:
         return _Timer(fn, self.dev, self.graphs, after)

@@ -54,7 +54,8 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | dict | 
 
     Greedy output is token-identical to ``generate``; sampling keeps the target's distribution exactly.
     Returns the sequences tensor, or a ``SpeculativeOutput`` (``.sequences``, ``.stats``) when
-    ``return_dict_in_generate=True``. ``generator`` seeds sampling (else torch's global RNG).
+    ``return_dict_in_generate=True``. ``generator`` seeds sampling (else torch's global RNG); its draws depend on the
+    tree, so calls that must repeat their tokens for one seed pass a ``tree``.
     ``tree``: a TreeConfig (or a dict of its fields), always drafted as given (``TreeConfig.none()``: no draft, one
     token per target forward); None for the tree the chooser picks (``eagle_mm.decode.chooser``: from the costs of
     the engine's steps, measured once per machine and kept on disk, and the acceptance the head is getting, learned

@@ -58,12 +58,10 @@ class ZooModel:
 
 
 def demo_tree(device: torch.device):
-    """A fixed ``TreeConfig`` for demos that show the same tree on every run and machine: a chain of 3 on a CPU, which
-    pays for every verified node, the wide ``TreeConfig()`` on a GPU. The default call chooses its own from what it
-    measures (``decode.chooser``)."""
+    """The fixed tree the demos draft on ``device`` (``TreeConfig.reference``): the same on every run."""
     from ..config import TreeConfig
 
-    return TreeConfig.chain(3) if torch.device(device).type == "cpu" else TreeConfig()
+    return TreeConfig.reference(device)
 
 
 def _root() -> tuple[Path, str]:
