@@ -260,9 +260,9 @@ def _auto_tree(zoo_model, args, device) -> dict:
         raise SystemExit(f"eagle3_auto needs {args.prompts} measured + {args.calib_prompts} calibration prompts, "
                          f"disjoint; prompts.json has {len(zoo_model.prompts)}")
     ids = [zoo_model.tokenizer(p, return_tensors="pt").input_ids[0].to(device) for p in calib]
-    result = choose_tree(zoo_model.target, zoo_model.eagle3_head, ids, decode=eagle_mm.speculative_generate)
-    print(result.table(8))
-    return {"tree": result.tree, "report": result.as_dict(candidates=False)}
+    choice = choose_tree(zoo_model.target, zoo_model.eagle3_head, ids, decode=eagle_mm.speculative_generate)
+    print(choice)
+    return {"tree": choice.tree, "report": {"chosen": dataclasses.asdict(choice.tree), "choice": choice.as_dict()}}
 
 
 def _finish_rows(rows, mode) -> None:

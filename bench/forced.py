@@ -76,6 +76,31 @@ class ForcedHead:
         return out, forced, kv
 
 
+class NoisyHead:
+    """Wraps a head; the entry at position t scores every token with fixed noise (seeded per position) and adds
+    ``strength`` to ``reference[t + 2]``. The right token then ranks first, second, ... with a probability set by
+    ``strength``, so wider trees catch what the top choice misses: an acceptance between ``ForcedHead``'s
+    all-or-nothing and a random head's nothing, for benchmarks and tests of tree choices."""
+
+    def __init__(self, head, reference: torch.Tensor, strength: float, seed: int = 0):
+        self._head, self.reference, self.strength = head, reference, strength
+        g = torch.Generator().manual_seed(seed)
+        self.noise = torch.randn(reference.numel(), head.config.vocab_size, generator=g).to(reference.device)
+
+    def __getattr__(self, name):
+        return getattr(self._head, name)
+
+    def parameters(self):
+        return self._head.parameters()
+
+    def step(self, embeds, hidden, position_ids, mask, past):
+        out, _, kv = self._head.step(embeds, hidden, position_ids, mask, past)
+        nxt = (position_ids + 2).clamp(max=self.reference.numel() - 1)  # (B, Q)
+        logits = self.noise[nxt].clone()  # (B, Q, V)
+        logits.scatter_add_(-1, self.reference[nxt][..., None], logits.new_full((*nxt.shape, 1), self.strength))
+        return out, logits, kv
+
+
 def min_depth(mean_accept: float) -> int:
     """The tree depth that lets a cycle reach ``mean_accept`` tokens."""
     return max(1, math.ceil(mean_accept) - 1)

@@ -255,7 +255,8 @@ class TreeConfig:
 
     depth: draft levels below the root (the last accepted token); top_k: children expanded per frontier
     node and frontier width; total_tokens: draft nodes kept after the global rerank (root excluded).
-    A chain of depth d is ``TreeConfig(depth=d, top_k=1, total_tokens=d)``.
+    A chain of depth d is ``TreeConfig(depth=d, top_k=1, total_tokens=d)``. ``TreeConfig.none()`` (depth 0) drafts
+    nothing: each cycle verifies the root alone, one token per target forward, as ``generate`` decodes.
 
     Bounds: depth <= ``MAX_DEPTH`` (each level is one head forward per cycle, and deeper drafts are
     almost never accepted) and total_tokens <= ``MAX_TOTAL_TOKENS`` (with the root, one verify row of at most 1024
@@ -271,6 +272,11 @@ class TreeConfig:
     MAX_TOTAL_TOKENS: ClassVar[int] = 1023
 
     def __post_init__(self) -> None:
+        if self.depth == 0 and not isinstance(self.depth, bool):
+            if (self.top_k, self.total_tokens) != (1, 0):
+                raise ValueError(f"a tree of depth 0 drafts nothing: it takes top_k=1, total_tokens=0 "
+                                 f"(TreeConfig.none()), got top_k={self.top_k!r}, total_tokens={self.total_tokens!r}")
+            return
         _positive_int("depth", self.depth)
         _positive_int("top_k", self.top_k)
         _positive_int("total_tokens", self.total_tokens)
@@ -292,6 +298,28 @@ class TreeConfig:
     @classmethod
     def chain(cls, depth: int) -> "TreeConfig":
         return cls(depth=depth, top_k=1, total_tokens=depth)
+
+    @classmethod
+    def none(cls) -> "TreeConfig":
+        """No draft: every cycle verifies the root alone and commits the target's own next token."""
+        return cls(depth=0, top_k=1, total_tokens=0)
+
+    @property
+    def drafts(self) -> bool:
+        """Whether this tree drafts anything (False for ``TreeConfig.none()``)."""
+        return self.depth > 0
+
+    def fits(self, capacity: "TreeConfig") -> bool:
+        """Whether a decode sized for ``capacity`` can run this tree: no deeper, wider or larger."""
+        return (self.depth <= capacity.depth and self.top_k <= capacity.top_k
+                and self.total_tokens <= capacity.total_tokens)
+
+    @classmethod
+    def reference(cls, device) -> "TreeConfig":
+        """A fixed tree for numbers that must compare across runs and calls (training's evaluation, the demos): a chain
+        of 3 on a CPU, where every verified node costs compute, ``TreeConfig()`` on a GPU. ``device``: a
+        ``torch.device`` or its name. The default call chooses its own tree from what it measures (``decode.chooser``)."""
+        return cls.chain(3) if str(device).split(":")[0] == "cpu" else cls()
 
     @classmethod
     def coerce(cls, value) -> "TreeConfig | str":

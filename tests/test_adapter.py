@@ -38,16 +38,12 @@ PRIVATE = {
 # Private names of the standard library, allowed anywhere.
 STDLIB = {"_SubParsersAction"}  # argparse's type of add_subparsers()' result
 
-# Files that still read private names until they move behind the adapter.
-NOT_YET = {"decode/dynamic.py"}
-
 _ATTRIBUTE_CALLS = ("getattr", "hasattr", "setattr", "delattr")
 _PRIVATE_MODULE = re.compile(r"^(torch|transformers|accelerate)(\.\w+)*\._[a-z]")
 
 
 def _files(inside: bool) -> list[Path]:
-    files = sorted(p for p in ROOT.rglob("*.py") if (ADAPTER in p.parents) == inside)
-    return [p for p in files if inside or str(p.relative_to(ROOT)) not in NOT_YET]
+    return sorted(p for p in ROOT.rglob("*.py") if (ADAPTER in p.parents) == inside)
 
 
 def _own_names() -> set[str]:

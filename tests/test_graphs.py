@@ -185,3 +185,41 @@ def test_a_dead_object_is_not_taken_for_a_new_one():
         assert torch.equal(out, torch.full((2,), float(k), device="cuda"))
         del thing
         gc.collect()
+
+
+def test_captures_take_turns_and_leave_other_threads_work_legal(monkeypatch):
+    """Two threads capturing at once (decoders of one model on one GPU) take turns, each capture in CUDA's
+    "thread_local" mode (another thread's work meanwhile is neither refused nor captured). On a CPU: the capture
+    context replaced by one that records how many captures are underway and the mode asked for."""
+    import threading
+    import time
+
+    state = {"now": 0, "most": 0, "modes": []}
+
+    class FakeCapture:
+        def __init__(self, graph, capture_error_mode="global", **kw):
+            state["modes"].append(capture_error_mode)
+
+        def __enter__(self):
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+            time.sleep(0.05)  # long enough for the other thread to arrive
+
+        def __exit__(self, *exc):
+            state["now"] -= 1
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    monkeypatch.setattr(torch.cuda, "graph", FakeCapture)
+    start = threading.Barrier(2)
+
+    def capture():
+        g = OwnGraph(lambda x: x + 1, "step")
+        start.wait()
+        g._capture((torch.ones(2),), _Signature((torch.ones(2),), frozenset()))
+
+    threads = [threading.Thread(target=capture) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert state["modes"] == ["thread_local"] * 2 and state["most"] == 1

@@ -132,17 +132,11 @@ def test_a_registry_is_found(tmp_path):
     assert [r.split(": ")[1] for r in _registries(probe)] == ["A", "B", "C"]
 
 
-# bench/ scripts that still import tests/ until the branch that replaces them lands.
-_BENCH_NOT_YET = {"bench/bench_autotree.py"}
-
-
 def test_bench_and_scripts_do_not_import_tests():
     """bench/ and scripts/ run on their own: they never import the test suite (nor load its files)."""
     root = PACKAGE.parent
     bad = []
     for path in sorted([*(root / "bench").glob("*.py"), *(root / "scripts").glob("*.py")]):
-        if str(path.relative_to(root)) in _BENCH_NOT_YET:
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = []
             if isinstance(node, ast.Import):

@@ -259,17 +259,6 @@ def test_features_are_what_each_decoder_layer_reads(family):
         torch.testing.assert_close(got, ref[i], rtol=0, atol=0, msg=f"{family} hidden_states[{i}]")
 
 
-def test_chunked_layers_are_book_kept_as_windows():
-    from eagle_mm.decode.masks import layer_kinds
-
-    model = tiny_vlm("llama4").model
-    tc = model.config.get_text_config()
-    cache = tf.DynamicCache(config=tc)
-    kinds = layer_kinds(tc, len(cache.layers), cache.layers)
-    assert [k.name for k in kinds] == tc.layer_types == ["chunked_attention", "full_attention"] * 2
-    assert [(k.window, k.chunk) for k in kinds] == [(6, 6), (None, None)] * 2
-
-
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """Tiny models spend their forwards in small kernels: on a busy 2-core machine two OpenMP threads make them

@@ -61,8 +61,10 @@ def _jobs():
 def _decode(target, head, batch, do_sample, seed):
     ids = prompt(6 + 3 * seed + batch, batch=batch, seed=10 + seed)
     gen = torch.Generator().manual_seed(seed) if do_sample else None
+    # A given tree: the default call's is chosen from what earlier calls saw, which threads change the order of.
     out = eagle_mm.speculative_generate(target, head, ids, max_new_tokens=12, do_sample=do_sample, generator=gen,
-                                        top_k=0, return_dict_in_generate=True)
+                                        top_k=0, tree=eagle_mm.TreeConfig(depth=3, top_k=2, total_tokens=4),
+                                        return_dict_in_generate=True)
     return out.sequences, out.stats.accept_counts, out.stats.accepted_tokens
 
 
@@ -136,3 +138,24 @@ def test_two_models_sharing_one_head_in_two_threads(target, dtypes):
     for m in range(2):
         for i in range(3):
             assert torch.equal(got[m][i], want[m][i]), (dtypes[m], i)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_two_heads_on_one_model_capture_in_two_threads_on_one_gpu():
+    """Two decoders of one model (two heads) in two threads on one GPU, each call's first cycles capturing CUDA graphs
+    while the other thread replays or captures: every call gives generate()'s tokens, and each head's decoder
+    captured its own graphs."""
+    model = tiny_model("llama").cuda()
+    heads = [EagleHead.from_target(model).cuda(), Eagle3Head.from_target(model).cuda()]
+    calls = [(prompt(7 + i, batch=1 + i % 2, seed=40 + i).cuda(), 20) for i in range(3)]
+    want = [model.generate(ids, max_new_tokens=n, do_sample=False) for ids, n in calls]
+
+    def decode(h):
+        return [eagle_mm.speculative_generate(model, heads[h], ids, max_new_tokens=n, do_sample=False,
+                                              tree=eagle_mm.TreeConfig(depth=4, top_k=3, total_tokens=8))
+                for ids, n in calls]
+
+    got = _run_threads([lambda: decode(0), lambda: decode(1)])
+    for h in range(2):
+        assert all(torch.equal(g, w) for g, w in zip(got[h], want)), h
+        assert eagle_mm.decoder(model, heads[h]).runner.captures > 0

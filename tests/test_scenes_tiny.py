@@ -106,7 +106,7 @@ def test_the_ablation_hides_the_image_from_the_draft(loaded, monkeypatch):
     image = inputs["input_ids"][0, 1:] == zm.target.config.image_token_id  # head entry t reads token t+1
     for head, sees in ((zm.head, True), (zm.ablation_head, False)):
         seen.clear()
-        em.speculative_generate(zm.target, head, **inputs, max_new_tokens=3)
+        em.speculative_generate(zm.target, head, **inputs, max_new_tokens=3, tree=zm.demo_tree())  # a tree: the head runs
         assert head.reads_images(resolve_target(zm.target)) is sees
         if sees:
             shown = seen[0][0, :-1]  # (T-1, H): the prompt's entries, without the first new token
@@ -126,7 +126,7 @@ def test_the_blind_ablation_zeroes_the_image_positions_features(loaded, monkeypa
     got = {}
     for name, head in (("noimage", zm.ablation_head), ("blind", zm.blind_head)):
         seen.clear()
-        em.speculative_generate(zm.target, head, **inputs, max_new_tokens=3)
+        em.speculative_generate(zm.target, head, **inputs, max_new_tokens=3, tree=zm.demo_tree())  # a tree: the head runs
         got[name] = seen[0][0]  # (T, F): the prefill's features
     assert image.any() and got["noimage"][image].abs().sum() > 0
     assert (got["blind"][image] == 0).all()

@@ -91,7 +91,7 @@ def test_the_default_cpu_call_uses_it_and_gives_generates_tokens(monkeypatch):
     rows = []
     real = skinny._linear
     monkeypatch.setattr(skinny, "_linear", lambda x, *a, **k: rows.append(x.numel() // x.shape[-1]) or real(x, *a, **k))
-    out = em.speculative_generate(model, head, ids, max_new_tokens=12, do_sample=False)
+    out = em.speculative_generate(model, head, ids, max_new_tokens=12, do_sample=False, tree=em.TreeConfig.chain(3))
     assert torch.equal(out, ref)
     assert any(2 <= r <= skinny.MAX_ROWS for r in rows)  # the verify's few rows went through W @ x^T
 

@@ -52,7 +52,7 @@ def test_training_lowers_the_loss_and_beats_a_fresh_head(work, kind, steps):
     trained = cls.from_pretrained(cfg.output_dir, target=model)
     fresh = cls.from_target(model)
     prompts = _held_out_prompts(work)
-    # The trainer's check drafts the default call's tree (a short chain on a CPU) ...
+    # The trainer's check drafts a fixed tree (TreeConfig.reference: a short chain on a CPU) ...
     assert mean_accept_length(model, trained, prompts, max_new_tokens=24) == pytest.approx(result.mean_accept_length)
     # ... and a wide tree shows more of what the head learnt.
     wide = em.TreeConfig()

@@ -260,13 +260,22 @@ def test_path_indices_rows_differ_and_exact_depth():
 
 # ---- TreeConfig ------------------------------------------------------------------------------------
 @pytest.mark.compat
-@pytest.mark.parametrize("field,value", [("depth", 0), ("depth", -3), ("top_k", 0), ("total_tokens", 0),
+@pytest.mark.parametrize("field,value", [("depth", -3), ("top_k", 0), ("total_tokens", 0),
                                          ("top_k", 2.5), ("depth", True), ("total_tokens", "8")])
 def test_tree_config_rejects_bad_values(field, value):
     kw = dict(depth=3, top_k=2, total_tokens=4)
     kw[field] = value
     with pytest.raises(ValueError, match=re.escape(f"{field} must be a positive int, got {value!r}")):
         em.TreeConfig(**kw)
+
+
+def test_depth_0_is_no_tree_only():
+    """Depth 0 drafts nothing (``TreeConfig.none()``): other fields than top_k=1, total_tokens=0 are refused."""
+    none = em.TreeConfig.none()
+    assert (none.depth, none.top_k, none.total_tokens, none.drafts) == (0, 1, 0, False)
+    assert em.TreeConfig(depth=0, top_k=1, total_tokens=0) == none
+    with pytest.raises(ValueError, match=r"depth 0 drafts nothing: it takes top_k=1, total_tokens=0 .*got top_k=2"):
+        em.TreeConfig(depth=0, top_k=2, total_tokens=4)
 
 
 def test_tree_config_chain_and_capacity():

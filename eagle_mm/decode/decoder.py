@@ -3,8 +3,9 @@
 As vLLM's ``EagleProposer`` holds a drafter's buffers, a ``Decoder`` holds the lock that makes the calls on it take
 turns, the copy of the head it decodes with (``bound.py``: never the caller's head), the storage (the target's
 static cache, the head's buffers: ``storage.py``), the runner (the CUDA graphs and compiled steps bound to that
-storage: ``runner.py``), one generator-less draft sampler per warper setting (what a captured draft is keyed on) and
-the feature capture (hooks on the target's layers, present only inside a call). ``decoder(model, head)`` returns
+storage: ``runner.py``), one generator-less draft sampler per warper setting (what a captured draft is keyed on), the
+feature capture (hooks on the target's layers, present only inside a call) and the tree chooser (``chooser.py``: the
+step costs measured on this device, the acceptance the head gets). ``decoder(model, head)`` returns
 it, made on first use; ``close()`` frees what it holds, and ``release(model, head=None)`` closes a model's decoders.
 The decode loop (``loop.py``) runs the steps on it, one call at a time.
 
@@ -75,8 +76,9 @@ class Decoder:
 
     ``lock``: calls on one decoder take turns. ``storage`` holds the memory, ``runner`` the steps as they run
     (captured or compiled ones bound to that memory); ``setup`` is the seconds spent compiling and capturing so far.
-    During a call: ``tree`` (the call's TreeConfig), ``sampler`` (sampling: the draft sampler the steps are keyed on)
-    and ``generator`` (the call's).
+    During a call: ``tree`` (the TreeConfig the next cycle drafts), ``capacity`` (the largest tree the call may switch
+    to: the buffers are sized for it), ``sampler`` (sampling: the draft sampler the steps are keyed on) and
+    ``generator`` (the call's). ``chooser``: the default call's tree chooser, made on first use.
     """
 
     def __init__(self, model, head, device: torch.device):
@@ -93,7 +95,8 @@ class Decoder:
         self._capture: FeatureCapture | None = None
         self._bound = None  # (stamp, the head copy this decoder decodes with)
         self._running = False
-        self.tree = self.sampler = self.generator = None
+        self._chooser = None
+        self.tree = self.capacity = self.sampler = self.generator = None
 
     @property
     def model(self):
@@ -102,6 +105,15 @@ class Decoder:
     @property
     def head(self):
         return _alive(self._head, "draft head")
+
+    @property
+    def chooser(self):
+        """The tree chooser of this model, head and device (``chooser.Chooser``), made on first use."""
+        if self._chooser is None:
+            from .chooser import Chooser
+
+            self._chooser = Chooser(self.model, self.head, self.device)
+        return self._chooser
 
     @property
     def setup(self) -> float:
@@ -135,7 +147,8 @@ class Decoder:
             self.storage.release()
             self.runner.reset()
             self._samplers.clear()
-            self._capture = self._bound = self.tree = self.sampler = self.generator = None
+            self._capture = self._bound = self._chooser = None
+            self.tree = self.capacity = self.sampler = self.generator = None
             model, head = self._model(), self._head()
             table = vars(head).get(_TABLE, {}) if head is not None else {}
             per_device = table.get(model, {}) if model is not None else {}
@@ -155,31 +168,46 @@ class Decoder:
             self._bound = (now, head_copy(head, dtype, drop=(_TABLE,)))
         return self._bound[1].attach(self.model)
 
-    def begin(self, tree, mode: str | None, batch: int, prompt_len: int, max_length: int, sampler=None) -> None:
-        """Ready the storage and the runner for a call: ``tree`` (TreeConfig), ``mode`` (``options.choose_mode``),
-        ``batch`` rows of prompts ``prompt_len`` long, up to ``max_length`` tokens; ``sampler`` when sampling."""
+    def begin(self, tree, mode: str | None, batch: int, prompt_len: int, max_length: int, sampler=None, *,
+              capacity=None) -> None:
+        """Ready the storage and the runner for a call: ``tree`` (TreeConfig) to draft first, ``capacity`` the largest
+        tree it may switch to (default ``tree``), ``mode`` (``options.choose_mode``), ``batch`` rows of prompts
+        ``prompt_len`` long, up to ``max_length`` tokens; ``sampler`` when sampling."""
         model = self.model
         parts = resolve_target(model)
-        self.tree, self.generator = tree, sampler.generator if sampler is not None else None
+        capacity = capacity if capacity is not None else tree
+        if not tree.fits(capacity):
+            raise ValueError(f"{tree} does not fit the capacity {capacity} the buffers are sized for")
+        self.tree, self.capacity = tree, capacity
+        self.generator = sampler.generator if sampler is not None else None
         self.sampler = self._graph_sampler(sampler) if sampler is not None else None
         # The prompt takes its bucket's slots (text) or its own (images): the larger.
-        prompt_slots, q_len, grows = prefill_length(prompt_len), tree.total_tokens + 1, mode in (None, "graphs")
-        limit = cache_length(prompt_slots, prompt_slots + max_length - prompt_len, batch, q_len, tree.depth)
-        first = first_length(prompt_slots, limit, q_len, tree.depth) if grows else limit
+        prompt_slots, q_len, grows = prefill_length(prompt_len), capacity.total_tokens + 1, mode in (None, "graphs")
+        limit = cache_length(prompt_slots, prompt_slots + max_length - prompt_len, batch, q_len, capacity.depth)
+        first = first_length(prompt_slots, limit, q_len, capacity.depth) if grows else limit
         kinds = tuple(layer_kinds(parts.text_config, parts.num_layers))
         generation = self.storage.generation
         self.storage.prepare(parts.num_layers, batch, limit, first, kinds, cache_kwarg(model), eager=mode is None,
                              grows=grows)
+        self.storage.set_tree(tree)
         if self.storage.generation != generation:
             self.runner.reset()  # graphs bound to the old memory
-        self.runner.begin(mode, self.storage, tree, self.device)
+        self.runner.begin(mode, self.storage, self.device)
 
     def start(self, k, v, head_pos, root, root_pos, root_out, root_logits) -> None:
         """The prefill's head entries k, v (B, nkv, S, hd) at head_pos (B, S) and the root, into the buffers."""
-        t, s = self.tree, self.sampler
+        t, s = self.capacity, self.sampler
         self.storage.start(k, v, head_pos, root, root_pos, root_out, root_logits,
-                           scratch=scratch_slots(t.top_k, t.depth), q_len=t.total_tokens + 1,
+                           scratch=max(0, scratch_slots(t.top_k, t.depth)), q_len=t.total_tokens + 1,
                            vocab=s.vocab_size if s is not None else None, width=s.width if s is not None else None)
+
+    def set_tree(self, tree) -> None:
+        """Draft ``tree`` (within the call's capacity) from the next cycle on."""
+        if tree != self.tree:
+            if not tree.fits(self.capacity):
+                raise ValueError(f"{tree} does not fit the capacity {self.capacity} the buffers are sized for")
+            self.tree = tree
+            self.storage.set_tree(tree)
 
     def reserve(self) -> None:
         """Room for the next cycle's tree: the storage grows first where it must; its graphs are then captured anew
@@ -188,7 +216,7 @@ class Decoder:
         self.storage.reserve(self.tree.total_tokens + 1)
         if self.storage.generation != generation:
             self.runner.reset()
-            self.runner.begin(self.runner.mode, self.storage, self.tree, self.device)
+            self.runner.begin(self.runner.mode, self.storage, self.device)
 
     def _graph_sampler(self, sampler):
         """One generator-less sampler per warper setting: what the captured draft step is keyed on, so that later

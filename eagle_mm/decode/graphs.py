@@ -23,10 +23,16 @@ for it. A frozen dataclass compared by identity (``eq=False``: the storage's ``T
 so too, without looking inside: every tensor it holds must be static and never replaced (the storage makes a new
 object for new memory). ``unkeyed`` positions are left out of the signature and passed as they are:
 the graph must not depend on them, and they must hold no tensors.
+
+Threads: decoders of one model (two heads), or of two models, may run in two threads on one GPU. A capture in one
+thread must neither fail on the other thread's CUDA work (a replay, an eager step, a host read) nor take it in:
+captures run in CUDA's "thread_local" capture mode (only the capturing thread's unsafe calls are refused; what
+another thread launches on its own stream is not captured), and one at a time in the process (``_CAPTURING``).
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 
@@ -40,6 +46,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["OwnGraph", "nothing_to_undo"]
 
 _MAX_GRAPHS = 8  # signatures kept per function; the oldest graph (and its memory pool) is dropped first
+_CAPTURING = threading.Lock()  # held by the one capture underway in this process (a lock, not a table: no state)
+
+
 class _Captured:
     def __init__(self, graph: torch.cuda.CUDAGraph, out, buffers: list[torch.Tensor], refs: list):
         self.graph, self.out, self.buffers, self.refs = graph, out, buffers, refs
@@ -134,7 +143,7 @@ class OwnGraph:
 
         owned = tuple(a if i in self.unkeyed else own(a) for i, a in enumerate(args))
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with _CAPTURING, torch.cuda.graph(graph, capture_error_mode="thread_local"):
             out = self.inner(*owned)
         self.captures += 1
         logger.debug("captured a CUDA graph of the %s (%d so far)", self.what, self.captures)

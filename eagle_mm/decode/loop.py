@@ -27,16 +27,18 @@ from ..target.multimodal import PREFILL_INPUTS, check_images, hide_image_feature
 from ..target.features import FeatureCapture
 from ..target.parts import resolve_target
 from .accept import accept
+from .autotree import calibrate_acceptance
+from .chooser import MAX_TOP_K, Session, setting_of
 from .decoder import Decoder, decoder
 from .draft import DraftSampler, head_entries
-from .options import call_streamer, check_attention, check_generation_config, check_head, check_prompt, choose_mode, \
-    default_tree, resolve_tree, split_model_inputs, stop_strings_to_criteria
-from .processors import CallRows, needs_call_batch, process_tree_logits, reads_input_ids, reads_tokens
+from .options import call_streamer, check_attention, check_cache_room, check_generation_config, check_head, \
+    check_prompt, choose_mode, resolve_tree, split_model_inputs, stop_strings_to_criteria
+from .processors import process_tree_logits, reads_input_ids
 from .skinny import skinny_linears
-from .state import DecodeState, SpeculativeOutput, SpeculativeStats
+from .state import DecodeState, SpeculativeStats
 from .runner import step_mode
 from .sampling import draft_noise, walk_noise
-from .stopping import Stops, first_stop
+from .stopping import Stops, block_stops, first_stop
 from .storage import plan, prefill_length
 from .tree import Tree
 
@@ -52,11 +54,14 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | dict | 
 
     Greedy output is token-identical to ``generate``; sampling keeps the target's distribution exactly.
     Returns the sequences tensor, or a ``SpeculativeOutput`` (``.sequences``, ``.stats``) when
-    ``return_dict_in_generate=True``. ``generator`` seeds sampling (else torch's global RNG).
-    ``tree``: a TreeConfig (or a dict of its fields); None for the default of this device and batch size
-    (``options.default_tree``); or "auto": ``eagle_mm.decode.autotree.choose_tree`` calibrates on
-    ``autotree_inputs`` (text prompts) or the first prompt row, on every call; run it once and pass its
-    ``.tree`` to decode many prompts.
+    ``return_dict_in_generate=True``. ``generator`` seeds sampling (else torch's global RNG); its draws depend on the
+    tree, so calls that must repeat their tokens for one seed pass a ``tree``.
+    ``tree``: a TreeConfig (or a dict of its fields), always drafted as given (``TreeConfig.none()``: no draft, one
+    token per target forward); None for the tree the chooser picks (``eagle_mm.decode.chooser``: from the costs of
+    the engine's steps, measured once per machine and kept on disk, and the acceptance the head is getting, learned
+    from each call; ``TreeConfig.none()`` where no tree pays; picked again when rows finish), reported with the
+    expected rates of the finalists in ``stats.choices``; or "auto": the same, its acceptance first calibrated by
+    replay on ``autotree_inputs`` (text prompts) or the first prompt row.
     Every call runs the engine: fixed-address buffers and fixed shapes, kept between calls by the decoder of
     (model, head, device) (``eagle_mm.decoder``), its steps captured as CUDA graphs on CUDA (no compiler; the first
     call of a shape captures them, later calls replay them) and eager elsewhere. ``compile``: True compiles the
@@ -111,44 +116,47 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     images = image_prompt(parts, model.config, input_ids, extra) if parts.is_vlm else None
     dec = decoder(model, head, input_ids.device)
     head = dec.bind(parts.embed.weight.dtype)  # a copy bound to the target: the caller's head is never changed
-    tree, autotree = resolve_tree(tree), None
-    if tree == "auto":
-        tree, autotree = _auto_tree(model, head, input_ids, mask, images, autotree_inputs)
-    elif tree is None:
-        tree = default_tree(input_ids.device, input_ids.shape[0], sampled=gen.do_sample)
     # generate() takes a fractional max_new_tokens (max_length) and stops at the first length past it.
-    max_length = math.ceil(gen.max_length)
-    tree = bound_tree(tree, max_length - input_ids.shape[1])  # no deeper than what can be committed
-    _check_cache_room(parts, max_length - 1, tree)  # the last verify is over at most max_length - 2 slots
-    vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size
-    if tree.top_k > vd:
-        raise ValueError(f"tree top_k={tree.top_k} exceeds the head's draft vocabulary of {vd} tokens")
+    B, max_length = input_ids.shape[0], math.ceil(gen.max_length)
+    new = max_length - input_ids.shape[1]
     mode = choose_mode(eagle_cache_implementation, eagle_compile, model, device=input_ids.device)
-    sampler = DraftSampler.from_processors(logits_processor, head, generator, tree.top_k) if gen.do_sample else None
-    stats = SpeculativeStats(accept_counts=[0] * tree.depth, tree=tree, autotree=autotree, mode=mode)
+    vd = getattr(head.config, "draft_vocab_size", None) or head.config.vocab_size
+    tree = resolve_tree(tree)
+    if tree == "auto" and new > 1:  # the chooser, its acceptance first calibrated by replay on text prompts
+        _calibrate(dec, head, input_ids, mask, images, autotree_inputs, gen)
+    tree = _given_tree(tree, new, vd)
+    width = tree.top_k if tree is not None else min(vd, MAX_TOP_K)  # the widest the chooser drafts
+    sampler = DraftSampler.from_processors(logits_processor, head, generator, width) if gen.do_sample else None
     # Eager cycles on a CPU: the verify's and the update's few-row linears as W @ x^T, in this thread only
     # (skinny.py); a compiler chooses its own kernels, and the prefill keeps generate()'s own arithmetic (its first
     # token and features are bit for bit generate()'s).
     linears = skinny_linears() if input_ids.device.type == "cpu" and mode is None else contextlib.nullcontext()
     with dec.running() as cap:
+        t0, session = time.perf_counter(), None
+        if tree is None:  # the chooser's: from measured costs (probed once here) and acceptance
+            session = Session.start(dec.chooser, model=model, head=head, cap=cap, batch=B, gen=gen, sampler=sampler,
+                                    mode=mode, max_depth=new, max_top_k=vd, shrinks=mode in (None, "graphs"),
+                                    mrope=images is not None and images.positions is not None)
+            tree = session.tree
+        capacity = session.capacity if session is not None else tree  # the largest tree the call may switch to
+        check_cache_room(parts, max_length - 1, capacity)  # the last verify is over at most max_length - 2 slots
+        stats = SpeculativeStats(accept_counts=[0] * capacity.depth, tree=tree, mode=mode)
         call = _Call(model, head, dec, cap, gen, logits_processor, reads_input_ids(logits_processor),
                      Stops.of(stopping_criteria), streamer, generator, stats, parts, parts.position_limit, linears,
-                     pad_token_id(gen))
+                     pad_token_id(gen), session)
         setup0 = dec.setup
-        t0 = time.perf_counter()
-        dec.begin(tree, mode, input_ids.shape[0], input_ids.shape[1], max_length, sampler)
+        dec.begin(tree, mode, B, input_ids.shape[1], max_length, sampler, capacity=capacity)
         state = _prefill(call, input_ids, mask, position_ids, images)
         stats.time_prefill += time.perf_counter() - t0
         while not all(state.finished):
             _cycle(call, state)
         stats.time_compile = dec.setup - setup0
+        if session is not None:
+            session.finish(stats, dec.setup)
+            stats.choices = session.choices
     if streamer is not None:
         streamer.end()
-    sequences = _assemble(input_ids, state.generated, call.pad)
-    if not gen.return_dict_in_generate:
-        return sequences
-    return SpeculativeOutput(sequences=sequences, stats=stats, logits=_per_step(state.logits),
-                             scores=_per_step(state.scores))
+    return state.output(input_ids, call.pad, stats if gen.return_dict_in_generate else None)
 
 
 @dataclass
@@ -173,6 +181,7 @@ class _Call:
     # level) and the host's bookkeeping run outside it.
     linears: object
     pad: int  # the token generate() writes after a finished row
+    session: Session | None  # the chooser's, when the call was given no tree: it picks the tree before each cycle
 
 
 def _prompt_forward(call: _Call, input_ids, slot_pos, position_ids, images):
@@ -213,46 +222,66 @@ def _prefill(call: _Call, input_ids, mask, position_ids, images) -> DecodeState:
     if call.processors:
         scores = call.processors(input_ids, scores)
     root = _choose(scores, gen.do_sample, call.generator)  # (B,)
+    _start_head(call, feats, ids, slot_pos, root, position_ids[:, -1] + 1)
+    B = input_ids.shape[0]
+    state = DecodeState(prompt=input_ids.tolist(), generated=[[] for _ in range(B)], finished=[False] * B,
+                        first=root.cpu(), rope_offsets=rope_offsets(images, position_ids) if images is not None
+                        else None, logits=[[r] for r in last_logits.float().cpu()] if gen.output_logits else None,
+                        scores=[[r] for r in scores.cpu()] if gen.output_scores else None)
+    _commit(call, state, [[t] for t in state.first.tolist()])
+    return state
+
+
+def _start_head(call: _Call, feats, ids, slot_pos, root, root_pos) -> None:
+    """The head's entries for the prompt (features (B, T', F) at slots slot_pos (B, T') of tokens ids) and the root
+    (B,) at root_pos (B,), into the decoder's buffers. A call that starts without a tree never drafts
+    (``chooser.Session``): the head's pass over the prompt is skipped, its entries left empty (positions -1)."""
+    head, cap = call.head, call.cap
+    if not call.dec.tree.drafts:
+        c, B, S = head.config, *slot_pos.shape
+        k = torch.zeros(B, c.num_key_value_heads, S, c.head_dim, dtype=next(head.parameters()).dtype,
+                        device=slot_pos.device)
+        vocab = getattr(c, "draft_vocab_size", None) or c.vocab_size
+        call.dec.start(k, torch.zeros_like(k), torch.full_like(slot_pos, -1), root, root_pos,
+                       k.new_zeros(B, c.hidden_size), torch.zeros(B, vocab, device=slot_pos.device))
+        return
     head_tokens = torch.cat((ids[:, 1:], root[:, None]), 1)  # entry t pairs feature t with token t+1
     embeds = None
     if cap.keeps_input_embeds:
         # The target's merged embeddings (image features at image positions), shifted like head_tokens.
         embeds = torch.cat((cap.input_embeds()[:, 1:], head.embed(root[:, None]).to(feats.device)), 1)
     h_out, h_logits, (k, v) = head_entries(head, None, feats, head_tokens, slot_pos, embeds=embeds)
-    call.dec.start(k, v, slot_pos, root, position_ids[:, -1] + 1, h_out[:, -1], h_logits[:, -1])
-    B = input_ids.shape[0]
-    state = DecodeState(prompt=input_ids.tolist(), generated=[[] for _ in range(B)], finished=[False] * B,
-                        first=root.cpu(), rope_offsets=rope_offsets(images, position_ids) if images is not None
-                        else None, logits=[[r] for r in last_logits.float().cpu()] if gen.output_logits else None,
-                        scores=[[r] for r in scores.cpu()] if gen.output_scores else None)
-    _commit(call, state, state.first[:, None], [0] * B)
-    return state
+    call.dec.start(k, v, slot_pos, root, root_pos, h_out[:, -1], h_logits[:, -1])
 
 
 def _draft(call: _Call) -> None:
     """Launch the draft of the next tree into the decoder's buffers."""
     dec = call.dec
     buf, t = dec.storage.buf, dec.tree
+    if not t.drafts:  # the root alone (its parent and depth columns hold 0 from the start)
+        buf.tokens[:, 0].copy_(buf.root)
+        buf.q_pos[:, 0].copy_(buf.root_pos)
+        return
     if dec.sampler is not None:
         draft_noise(buf.noise, dec.generator)  # outside the step: a user's torch.Generator cannot be captured
     dec.runner.draft(call.head, buf, dec.sampler, t.top_k, t.depth, t.total_tokens)
 
 
 def _cycle(call: _Call, state: DecodeState) -> None:
-    """One cycle, top to bottom: drop finished rows, draft, verify, the processors, accept, update, read, commit."""
+    """One cycle, top to bottom: drop finished rows, choose the tree, draft, verify, the processors, accept, update,
+    read, commit."""
     dec, stats = call.dec, call.stats
-    run, store, t = dec.runner, dec.storage, dec.tree
+    run, store = dec.runner, dec.storage
     if state.shrink:  # rows finished: the storage goes on with the others (compiled runs keep their batch)
-        keep = plan(state.slots, state.finished, run.mode == "graphs") if run.mode in (None, "graphs") else None
-        if keep is not None:
-            store.compact(keep)
-            state.keep(keep)
-        state.shrink = False
+        _drop_finished(call, state)
+    if call.session is not None:  # the chooser watches each cycle, and picks again when rows finished
+        _next_tree(call, state)
+    t = dec.tree
     Q = t.total_tokens + 1
     if store.cur + Q > store.length:  # the engine's cache grows as the rows commit tokens
         dec.reserve()
     if call.limit is not None:
-        _check_cache_room(call.parts, store.cur, t)
+        check_cache_room(call.parts, store.cur, t)
     t0 = time.perf_counter()
     if not state.drafted:  # else the previous cycle launched this cycle's draft ahead
         _draft(call)
@@ -268,7 +297,7 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     else:  # the processors, in their own step, then the acceptance
         tree = Tree(buf.tokens, buf.parent, buf.depth)
         scores = logits if not call.processors and dec.sampler is None else \
-            process_tree_logits(call.processors, _rows(call.processors, state, call.pad), tree, logits, t.depth)
+            process_tree_logits(call.processors, state.call_rows(call.processors, call.pad), tree, logits, t.depth)
         accept_len, path, bonus = accept(tree, scores, buf.q_nodes, t.depth, call.generator)
     # output_logits / output_scores: copied out before the next verify reuses the logits' memory
     kept = _kept_rows(state, path, logits, scores) if state.logits is not None or state.scores is not None else None
@@ -276,7 +305,10 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     # Keep the path, extend the head and set the next root on the device, then start the cycle's one host read of
     # the accept lengths and new tokens.
     with call.linears:
-        packed = run.update(call.head, store.target, buf, feats, accept_len, path, bonus)  # (B, 1 + D+1)
+        if t.drafts:
+            packed = run.update(call.head, store.target, buf, feats, accept_len, path, bonus)  # (B, 1 + D+1)
+        else:  # no tree: the root's slot kept, the next root set, the head left as it is
+            packed = run.advance(store.target, buf, bonus)  # (B, 2)
     host = store.read(packed)
     t3 = time.perf_counter()
     state.drafted = dec.overlaps  # CUDA: the next draft runs on the device while the host commits
@@ -285,47 +317,58 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     t4 = time.perf_counter()
     if state.drafted:
         store.wait()  # for the copy only, not for the draft queued after it
-    acc = host[:, 0].tolist()  # per storage row
-    _count(stats, state, acc, Q - 1)
-    _commit(call, state, host[:, 1:], acc, kept)
+    host = host.tolist()  # one host list per cycle: the rows' accept lengths and new tokens
+    acc = [r[0] for r in host]  # per storage row
+    stats.count([a for a, b in zip(acc, state.slots) if not state.finished[b]], Q - 1)
+    _commit(call, state, [r[1: r[0] + 2] for r in host], kept)
     store.cur += max(acc) + 1  # the host's copy of the write pointer, as update_step moved the device's
     stats.time_draft += t1 - t0 + t4 - t3
     stats.time_verify += t2 - t1
     stats.time_other += t3 - t2 + time.perf_counter() - t4
 
 
-def _per_step(rows: list[list[torch.Tensor]] | None):
-    """Per-row lists of (V,) rows -> generate()'s tuple of (B, V) per new token (a finished row repeats its last)."""
-    if rows is None:
-        return None
-    width = max(len(r) for r in rows)
-    return tuple(torch.stack([r[min(i, len(r) - 1)] for r in rows]) for i in range(width))
+def _drop_finished(call: _Call, state: DecodeState) -> None:
+    """Go on with the rows that have not finished (``storage.plan``; compiled runs keep their batch)."""
+    mode = call.dec.runner.mode
+    keep = plan(state.slots, state.finished, mode == "graphs") if mode in (None, "graphs") else None
+    if keep is not None:
+        call.dec.storage.compact(keep)
+        state.keep(keep)
+    state.shrink = False
 
 
-def _auto_tree(model, head, input_ids, attention_mask, images, calib_inputs):
-    """tree="auto": the TreeConfig ``choose_tree`` predicts fastest here, and its report."""
-    from .autotree import choose_tree
+def _next_tree(call: _Call, state: DecodeState) -> None:
+    """The chooser's tree for the next cycle: it observes the last cycle in ``stats``, then keeps its tree or picks
+    another (a smaller batch, a moved estimate)."""
+    dec = call.dec
+    tree = call.session.next_tree(dec.storage.batch, call.stats, dec.setup)
+    if tree != dec.tree:
+        dec.set_tree(tree)
+        state.drafted = False  # a draft launched ahead was the other tree's
 
+
+def _given_tree(tree, new: int, vd: int) -> TreeConfig | None:
+    """The call's TreeConfig (the user's, no deeper than the ``new`` tokens it can commit), or None for the chooser's
+    (``tree`` None or "auto"); ``vd``: the head's draft vocabulary."""
+    if not isinstance(tree, TreeConfig):
+        if new > 1:
+            return None
+        tree = TreeConfig.chain(1)  # the prefill's token is all: no cycle, nothing to choose
+    tree = bound_tree(tree, new)
+    if tree.top_k > vd:
+        raise ValueError(f"tree top_k={tree.top_k} exceeds the head's draft vocabulary of {vd} tokens")
+    return tree
+
+
+def _calibrate(dec: Decoder, head, input_ids, attention_mask, images, calib_inputs, gen) -> None:
+    """tree="auto": the chooser's acceptance for this setting, calibrated by replay on ``calib_inputs``."""
     if calib_inputs is None:
         if images is not None and images.num_images:
             raise ValueError("tree='auto' calibrates on text prompts; with images in the prompt pass text-only "
                              "calibration prompts as autotree_inputs=...")
         calib_inputs = [input_ids[0][attention_mask[0].bool()]]  # the first row, without its padding
-    result = choose_tree(model, head, calib_inputs, batch_size=input_ids.shape[0], decode=speculative_generate)
-    logger.debug("tree='auto' candidates:\n%s", result.table())
-    return result.tree, result
-
-
-def _check_cache_room(parts, length: int, tree: TreeConfig) -> None:
-    """A verify forward over ``length`` cached slots must stay below the target's position limit, if it has one
-    (Llama 4, see ``TargetParts.position_limit``). Checked on max_length up front, then per cycle on the cache,
-    which batches lengthen past their positions with holes."""
-    limit = parts.position_limit
-    if limit is not None and length + tree.total_tokens + 1 > limit:
-        raise ValueError(f"{parts.model_type}: a tree of {tree.total_tokens} tokens over a cache of {length} "
-                         f"reaches past {limit} cache entries, where the target's attention temperature tuning "
-                         f"(floor_scale {parts.text_config.floor_scale}) reads positions from the cache length, "
-                         f"which a verified tree does not follow; lower max_length, the tree or the batch")
+    with dec.lock:  # the chooser's estimates are shared by the calls on this decoder, which take turns
+        calibrate_acceptance(dec.model, head, calib_inputs, dec.chooser.acceptance_for(setting_of(gen)))
 
 
 def _choose(scores: torch.Tensor, do_sample: bool, generator) -> torch.Tensor:
@@ -344,17 +387,19 @@ def _kept_rows(state: DecodeState, path: torch.Tensor, logits: torch.Tensor, sco
             scores.gather(1, idx).float().cpu() if state.scores is not None else None)
 
 
-def _commit(call: _Call, state: DecodeState, tokens: torch.Tensor, accepted: list[int], kept=None) -> None:
+def _commit(call: _Call, state: DecodeState, new_tokens: list[list[int]], kept=None) -> None:
     """Append each row's new tokens, up to where generate()'s criteria, asked after every token, stop it.
-    Storage row i (``state.slots``) commits ``tokens[i, :accepted[i] + 1]`` (host (B', K)); ``kept``: the (B', K, V)
-    logits and scores behind them (output_logits / output_scores), or None."""
-    for i, b in enumerate(state.slots):
+    Storage row i (``state.slots``) commits ``new_tokens[i]``; ``kept``: the (B', K, V) logits and scores behind them
+    (output_logits / output_scores), or None."""
+    fast = block_stops(call.stops, [len(state.prompt[b]) + len(state.generated[b]) for b in state.slots], new_tokens)
+    for i, (b, toks) in enumerate(zip(state.slots, new_tokens)):
         if state.finished[b]:
             continue
-        toks = tokens[i, : accepted[i] + 1].tolist()
-        # One host tensor per row and cycle; the criteria see its prefixes, as generate() would.
-        seq = torch.tensor(state.prompt[b] + state.generated[b] + toks, dtype=torch.long)[None]
-        stop = first_stop(call.stops, seq, seq.shape[1] - len(toks))
+        if fast is not None:  # generate()'s own criteria: answered for the whole block from the host's lists
+            stop = fast[i]
+        else:  # one host tensor per row and cycle; the criteria see its prefixes, as generate() would
+            seq = torch.tensor(state.prompt[b] + state.generated[b] + toks, dtype=torch.long)[None]
+            stop = first_stop(call.stops, seq, seq.shape[1] - len(toks))
         taken = toks if stop is None else toks[: stop + 1]
         state.generated[b].extend(taken)
         if stop is not None:
@@ -364,37 +409,3 @@ def _commit(call: _Call, state: DecodeState, tokens: torch.Tensor, accepted: lis
                 rows[b].extend(part[i, : len(taken)])
         if call.streamer is not None and b == 0 and taken:
             call.streamer.put(torch.tensor(taken))
-
-
-def _rows(processors, state: DecodeState, pad: int) -> CallRows | None:
-    """What the processors read of the call's rows (``CallRows``): the sequences of the rows in the storage (or
-    only their lengths when no processor reads tokens: min-length processors need no per-row tensors each cycle),
-    of every row when a processor may read the row index (``needs_call_batch``); None when none reads them."""
-    if not reads_input_ids(processors):
-        return None
-    seqs: list = [None] * len(state.prompt)
-    rows = range(len(seqs)) if needs_call_batch(processors) else state.slots
-    for b in rows:
-        seqs[b] = state.row(b) if reads_tokens(processors) else len(state.prompt[b]) + len(state.generated[b])
-    return CallRows(seqs, state.slots, pad)
-
-
-def _count(stats: SpeculativeStats, state: DecodeState, acc: list[int], n_draft: int) -> None:
-    """One verify forward's acceptance, over the rows still live (acc: per storage row)."""
-    stats.num_target_forwards += 1
-    for i, b in enumerate(state.slots):
-        if state.finished[b]:
-            continue
-        stats.num_drafts += 1
-        stats.num_draft_tokens += n_draft
-        stats.accepted_tokens += acc[i] + 1
-        for j in range(acc[i]):
-            stats.accept_counts[j] += 1
-
-
-def _assemble(input_ids: torch.Tensor, generated: list[list[int]], pad: int) -> torch.Tensor:
-    width = max(len(g) for g in generated)
-    out = torch.full((input_ids.shape[0], width), pad, dtype=input_ids.dtype)
-    for b, g in enumerate(generated):
-        out[b, : len(g)] = torch.tensor(g, dtype=input_ids.dtype)
-    return torch.cat((input_ids, out.to(input_ids.device)), 1)

@@ -20,7 +20,7 @@ from .runner import COMPILE_MODES, CUDA_GRAPH_MODES
 logger = logging.getLogger(__name__)
 
 __all__ = ["check_head", "check_prompt", "call_streamer", "stop_strings_to_criteria", "check_generation_config",
-           "check_attention", "split_model_inputs", "choose_mode", "default_tree", "resolve_tree", "CACHE_IMPLEMENTATIONS"]
+           "check_attention", "split_model_inputs", "choose_mode", "resolve_tree", "check_cache_room", "CACHE_IMPLEMENTATIONS"]
 
 CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
 
@@ -166,29 +166,9 @@ def check_attention(model) -> None:
 
 
 def resolve_tree(tree):
-    """A TreeConfig, "auto", or None (the default for the device and batch, chosen later) from what the user passed
+    """A TreeConfig, "auto", or None (the chooser's, ``chooser.py``) from what the user passed
     (``TreeConfig.coerce``: a TreeConfig, a dict of its fields, or "auto")."""
     return None if tree is None else TreeConfig.coerce(tree)
-
-
-def default_tree(device: torch.device, batch: int, sampled: bool = False) -> TreeConfig:
-    """The tree the default call drafts. A CPU computes every verified node (with ``skinny.py``'s linears a forward
-    of 3-4 tokens costs about 1.4x one of 1 on this project's 2-core machine), so it gets a short chain, and when
-    sampling, where a draft's later tokens are accepted less often, two levels of two candidates (code-tiny, T=0.8:
-    1.13x ``generate`` against the chain's 0.97x); on a GPU a wide tree is free while the target is memory-bound,
-    which larger batches end. Sampling on a GPU drafts four levels: each level costs a head forward and the
-    proposal's sampling kernels, and the levels past the fourth were almost never accepted (H200, code-tiny, 64
-    tokens, T=1 and T=0.8 with top-p 0.95: depth 6 took 26.8 cycles and depth 4 26.0; against the greedy trees,
-    depth 4, 6 candidates, 24 nodes ran 1.36x and 1.22x faster at batch 1, and depth 4, 4 candidates, 16 nodes
-    1.17x and 1.23x at batch 4 (1.03x on the validation prompts at 128 tokens, where depths 3 to 5 tied):
-    ``dev/results/sampled_trees_h200_2026-12-02.json``)."""
-    if torch.device(device).type == "cpu":
-        return TreeConfig(depth=2, top_k=2, total_tokens=3) if sampled else TreeConfig.chain(3)
-    if batch <= 2:
-        return TreeConfig(depth=4, top_k=6, total_tokens=24) if sampled else TreeConfig()
-    if batch <= 8:
-        return TreeConfig(depth=4 if sampled else 5, top_k=4, total_tokens=16)
-    return TreeConfig(depth=4, top_k=2, total_tokens=6)
 
 
 def choose_mode(cache_implementation, compile, model=None, *, device=None) -> str | None:
@@ -220,3 +200,15 @@ def choose_mode(cache_implementation, compile, model=None, *, device=None) -> st
                        "devices %s, and a captured step runs on one device", mode, devices)
         return None
     return mode
+
+
+def check_cache_room(parts, length: int, tree: TreeConfig) -> None:
+    """A verify forward over ``length`` cached slots must stay below the target's position limit, if it has one
+    (Llama 4, see ``TargetParts.position_limit``). Checked on max_length up front, then per cycle on the cache,
+    which batches lengthen past their positions with holes."""
+    limit = parts.position_limit
+    if limit is not None and length + tree.total_tokens + 1 > limit:
+        raise ValueError(f"{parts.model_type}: a tree of {tree.total_tokens} tokens over a cache of {length} "
+                         f"reaches past {limit} cache entries, where the target's attention temperature tuning "
+                         f"(floor_scale {parts.text_config.floor_scale}) reads positions from the cache length, "
+                         f"which a verified tree does not follow; lower max_length, the tree or the batch")

@@ -20,7 +20,7 @@ from functools import partial
 from ..target.cache import layer_rows, pointers, set_pointers
 from .compiled import DiskCompiled
 from .graphs import OwnGraph, nothing_to_undo
-from .steps import accept_step, draft_step, prefill_step, update_step, verify_step
+from .steps import accept_step, advance_step, draft_step, prefill_step, update_step, verify_step
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 _NO_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 STEPS = {"prefill": prefill_step, "draft": draft_step, "verify": verify_step, "accept": accept_step,
-         "update": update_step}
+         "update": update_step, "advance": advance_step}
 
 # What compile=True compiles: the target's verify forward, where fusing its many small kernels pays most, and the
 # update. The draft's unrolled levels are the slowest to compile: only the "max-autotune" modes, which ask for
@@ -53,16 +53,17 @@ def step_mode(step: str, mode: str | None) -> str | None:
 
 class Runner:
     """A decoder's steps as its calls run them. After ``begin``: ``prefill``, ``draft``, ``verify``, ``accept`` and
-    ``update``, each the step of ``STEPS`` (``steps.py``) eager, captured or compiled as the call's mode says."""
+    ``update`` (``advance`` after a cycle without a tree), each the step of ``STEPS`` (``steps.py``) eager, captured or
+    compiled as the call's mode says."""
 
     def __init__(self):
         self.mode: str | None = None
         self._wrapped: dict = {}  # (step, mode) -> the step as it runs
 
-    def begin(self, mode: str | None, storage, tree, device) -> None:
-        """Resolve every step for a call of ``mode`` over ``storage`` with ``tree`` (a TreeConfig) on ``device``."""
+    def begin(self, mode: str | None, storage, device) -> None:
+        """Resolve every step for a call of ``mode`` over ``storage`` on ``device``."""
         self.mode = mode
-        undos = _undos(storage, tree)
+        undos = _undos(storage)
         for step, fn in STEPS.items():
             run = self._wrapper(step, fn, device)
             if isinstance(run, OwnGraph):
@@ -110,28 +111,41 @@ class Runner:
         self._wrapped = {}
 
 
-def _undos(storage, tree) -> dict:
+def _undos(storage) -> dict:
     """``OwnGraph``'s undo of each step: ``undo()`` snapshots what the step writes in place (as the storage stands
-    when it runs) and returns the restore. The forwards write the slots at the write pointers, which a second run
-    writes again, and move the pointers on from where the restore puts them back; the update reads and writes the
-    verified slots, the kept ones of the positions and the head's cache, the root and the pointers."""
+    when it runs, with the tree it runs) and returns the restore. The forwards write the slots at the write pointers,
+    which a second run writes again, and move the pointers on from where the restore puts them back; the update
+    reads and writes the verified slots, the kept ones of the positions and the head's cache, the root and the
+    pointers; the advance one slot's position, the root and the pointers."""
     def forward(at_start: bool):
         return lambda: partial(set_pointers, storage.target.cache, 0 if at_start else storage.cur)
 
     def update():
-        target, buf, c = storage.target, storage.buf, storage.cur
+        target, buf, c, tree = storage.target, storage.buf, storage.cur, storage.tree
         q, k, every = tree.total_tokens + 1, tree.depth + 1, slice(None)
         slices = [(t, (every, every, slice(c, c + q))) for t in layer_rows(target.cache)]
         slices += [(t, (every, slice(c, c + k))) for t in (target.pos, buf.head.pos)]
         slices += [(t, (every, every, slice(c, c + k))) for t in (buf.head.k, buf.head.v)]
-        slices += [(t, ...) for t in (buf.cur, buf.root, buf.root_pos, buf.root_out, buf.root_logits,
-                                      *pointers(target.cache))]
-        saved = [(t, i, t[i].clone()) for t, i in slices]
+        return _restore(slices + [(t, ...) for t in (buf.root_out, buf.root_logits)] + _moved(storage))
 
-        def restore():
-            for t, i, v in saved:
-                t[i] = v
-        return restore
+    def advance():
+        return _restore([(storage.target.pos, (slice(None), slice(storage.cur, storage.cur + 1)))] + _moved(storage))
 
     return {"prefill": forward(True), "verify": forward(False), "draft": nothing_to_undo, "accept": nothing_to_undo,
-            "update": update}
+            "update": update, "advance": advance}
+
+
+def _moved(storage) -> list:
+    """What every update moves on: the pointers and the root."""
+    buf = storage.buf
+    return [(t, ...) for t in (buf.cur, buf.root, buf.root_pos, *pointers(storage.target.cache))]
+
+
+def _restore(slices: list):
+    """A snapshot of the ``(tensor, index)`` slices; returns the function that writes them back."""
+    saved = [(t, i, t[i].clone()) for t, i in slices]
+
+    def restore():
+        for t, i, v in saved:
+            t[i] = v
+    return restore

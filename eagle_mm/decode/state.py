@@ -7,6 +7,7 @@ import torch
 from transformers.generation import GenerateDecoderOnlyOutput
 
 from ..config import TreeConfig
+from .processors import CallRows, needs_call_batch, reads_input_ids, reads_tokens
 
 __all__ = ["DecodeState", "SpeculativeOutput", "SpeculativeStats"]
 
@@ -34,11 +35,45 @@ class DecodeState:
     def row(self, b: int) -> torch.Tensor:
         return torch.tensor(self.prompt[b] + self.generated[b], dtype=torch.long)
 
+    def output(self, input_ids: torch.Tensor, pad: int, stats: "SpeculativeStats | None"):
+        """What the call returns: the sequences (B, T + new), padded with ``pad`` after a row's end as generate()'s;
+        with ``stats`` (``return_dict_in_generate``), a ``SpeculativeOutput`` holding them, the stats and the logits and
+        scores kept per new token."""
+        width = max(len(g) for g in self.generated)
+        new = torch.full((input_ids.shape[0], width), pad, dtype=input_ids.dtype)
+        for b, g in enumerate(self.generated):
+            new[b, : len(g)] = torch.tensor(g, dtype=input_ids.dtype)
+        sequences = torch.cat((input_ids, new.to(input_ids.device)), 1)
+        if stats is None:
+            return sequences
+        return SpeculativeOutput(sequences=sequences, stats=stats, logits=_per_step(self.logits),
+                                 scores=_per_step(self.scores))
+
+    def call_rows(self, processors, pad: int) -> CallRows | None:
+        """What the processors read of the call's rows (``CallRows``): the sequences of the rows in the storage (or
+        only their lengths when no processor reads tokens: min-length processors need no per-row tensors each cycle),
+        of every row when a processor may read the row index (``needs_call_batch``); None when none reads them."""
+        if not reads_input_ids(processors):
+            return None
+        seqs: list = [None] * len(self.prompt)
+        rows = range(len(seqs)) if needs_call_batch(processors) else self.slots
+        for b in rows:
+            seqs[b] = self.row(b) if reads_tokens(processors) else len(self.prompt[b]) + len(self.generated[b])
+        return CallRows(seqs, self.slots, pad)
+
     def keep(self, keep: list[int]) -> None:
         """The storage went on with its rows ``keep`` (``storage.plan``), in that order."""
         self.slots = [self.slots[i] for i in keep]
         if self.rope_offsets is not None:
             self.rope_offsets = self.rope_offsets[:, keep]
+
+
+def _per_step(rows: list[list[torch.Tensor]] | None):
+    """Per-row lists of (V,) rows -> generate()'s tuple of (B, V) per new token (a finished row repeats its last)."""
+    if rows is None:
+        return None
+    width = max(len(r) for r in rows)
+    return tuple(torch.stack([r[min(i, len(r) - 1)] for r in rows]) for i in range(width))
 
 
 @dataclass
@@ -57,10 +92,22 @@ class SpeculativeStats:
     time_other: float = 0.0  # the update step (keep the path, extend the head), the one host read, committing tokens
     time_prefill: float = 0.0  # seconds from the call's start to its first token: prefill forward and setup
     time_compile: float = 0.0  # seconds of the above spent compiling or capturing graphs (first calls of a shape)
-    tree: TreeConfig | None = None  # the draft tree the loop ran with
-    autotree: object = None  # with tree="auto": the calibration that chose it (``autotree.AutoTreeResult``)
+    tree: TreeConfig | None = None  # the draft tree the loop started with (``TreeConfig.none()``: no draft)
+    # The chooser's decisions (``chooser.TreeChoice``: the tree, the batch, why, the finalists' expected rates), the
+    # first at the start and one whenever it picked again; empty when the call was given a tree.
+    choices: list = field(default_factory=list)
     engine: str = "fixed"  # the storage: always the engine's fixed buffers (the one storage)
     mode: str | None = None  # how the steps ran: None eagerly, "graphs" (CUDA graphs), or a torch.compile mode
+
+    def count(self, accepted: list[int], n_draft: int) -> None:
+        """One verify forward's acceptance: ``accepted`` draft tokens for each row still live, of ``n_draft``."""
+        self.num_target_forwards += 1
+        for a in accepted:
+            self.num_drafts += 1
+            self.num_draft_tokens += n_draft
+            self.accepted_tokens += a + 1
+            for j in range(a):
+                self.accept_counts[j] += 1
 
     @property
     def mean_accept_length(self) -> float:
@@ -91,7 +138,7 @@ class SpeculativeStats:
             "engine": self.engine,
             "mode": self.mode,
             "tree": asdict(self.tree) if self.tree is not None else None,
-            "autotree": self.autotree.as_dict(candidates=False) if self.autotree is not None else None,
+            "choices": [c.as_dict() for c in self.choices],
         }
 
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from ..target.cache import keep_slots
+from ..target.cache import keep_slots, set_pointers
 from .accept import accept
 from .draft import draft_candidates, head_entries, node_q
 from .masks import tree_masks
 from .processors import apply_input_free
 from .tree import Tree, ancestors, select_tree
 
-__all__ = ["prefill_step", "verify_step", "draft_step", "accept_step", "update_step"]
+__all__ = ["prefill_step", "verify_step", "draft_step", "accept_step", "update_step", "advance_step"]
 
 
 def prefill_step(model, target, cap, tokens, q_pos, write, position_ids):
@@ -96,3 +96,17 @@ def update_step(head, target, buf, feats, accept_len, path, bonus) -> torch.Tens
     buf.root_pos.add_(accept_len + 1)
     cur.add_(advance)
     return torch.cat((accept_len[:, None], new_tok), 1)
+
+
+def advance_step(target, buf, bonus) -> torch.Tensor:
+    """The update after a cycle without a draft (``TreeConfig.none()``): the verified root keeps the slot ``cur`` it was
+    written to, the target's token (bonus (B, 1)) becomes the next root, and the head is left as it is (nothing was
+    drafted from it, and updating it would cost a head forward per token; a later tree drafts over the gap, which
+    only its acceptance feels). Returns (B, 2): the accept length 0, then the new token, as ``update_step``'s."""
+    cur = buf.cur
+    target.pos.index_copy_(1, cur[None], buf.root_pos[:, None])
+    set_pointers(target.cache, cur + 1)
+    buf.root.copy_(bonus.squeeze(1))
+    buf.root_pos.add_(1)
+    cur.add_(1)
+    return torch.cat((torch.zeros_like(bonus), bonus), 1)

@@ -19,6 +19,10 @@ rows), bounding the captures; eager runs to the live rows exactly; compiled runs
 would be a new compile). Eagerly (``eager``), each forward also runs over a view of the slots in use only, where a
 captured graph needs the whole length.
 
+Trees: the buffers are sized for a call's capacity (the largest tree it may draft: the chooser may switch trees
+between cycles, ``chooser.py``) and a smaller tree runs on views of their first columns (``set_tree``), kept per
+shape like the row views.
+
 Everything a step writes in place lives in ``Buffers`` or the target cache (``Target``), kept between calls by the
 decoder and marked as static addresses: a captured graph is bound to them. Both are frozen and compared by
 identity: a graph keyed on one is bound to the tensors it holds.
@@ -32,7 +36,7 @@ import torch
 from ..target.cache import cache_slots, cache_view, filled_layers, grown, grown_cache, layer_rows, static_cache, \
     static_rows
 from ..target.dynamo import mark_static
-from .draft import HeadCache
+from .draft import HeadCache, scratch_slots
 
 __all__ = ["Storage", "Target", "Buffers", "plan", "prefill_length", "cache_length", "first_length"]
 
@@ -96,6 +100,9 @@ class Target:
     kwarg: str  # the forward keyword that takes the cache
 
 
+_NODE_COLUMNS = ("tokens", "parent", "depth", "q_pos", "q_nodes", "u")  # the Buffers with one column per tree node
+
+
 @dataclass(frozen=True, eq=False)
 class Buffers:
     """The engine's state between cycles, at fixed addresses (all marked static)."""
@@ -148,6 +155,16 @@ class Buffers:
         tensors = [self.head.k, self.head.v, self.head.pos] + [getattr(self, f.name) for f in fields(self)[1:]]
         return [t for t in tensors if t is not None and t.dim() > 0]
 
+    def for_tree(self, q_len: int, scratch: int) -> "Buffers":
+        """The same buffers for a smaller tree than they were sized for: its ``q_len`` nodes' columns and the noise of
+        its ``scratch`` draft slots (static views at the same addresses; the head's scratch slots past the tree's are
+        left unused)."""
+        def view(name: str, t):
+            if t is not None and name in _NODE_COLUMNS:
+                return mark_static(t[:, :q_len])
+            return mark_static(t[:, :1 + scratch]) if t is not None and name == "noise" else t
+        return Buffers(**{f.name: view(f.name, getattr(self, f.name)) for f in fields(self)})
+
     def rows(self, n: int) -> "Buffers":
         """The same buffers over their first n rows (static views at the same addresses)."""
         h = self.head
@@ -174,6 +191,8 @@ class Storage:
         self._batch = self.kinds = self.kwarg = self._key = None
         self._whole: Target | None = None  # the whole cache: one object, kept while its memory lives (graph keys)
         self._views: dict[int, tuple[Target, Buffers]] = {}  # n -> the first n rows, kept likewise
+        self._tree_views: dict[tuple, Buffers] = {}  # (rows, nodes, scratch) -> the buffers of a smaller tree
+        self.tree = None  # the TreeConfig the cycle drafts (``set_tree``): ``buf`` holds its columns
         self._slot_views: dict[int, Target] = {}  # eager: n -> the first n slots (this call)
         self.target: Target | None = None  # the rows in use
         self.buf: Buffers | None = None
@@ -206,7 +225,7 @@ class Storage:
             self.pos = mark_static(slot_pos.new_empty(B, self.length))  # kept at one address: graphs write it
             self._whole, self.generation = None, self.generation + 1
         if self._whole is None or self._whole.cache is not self.cache:
-            self._whole, self._views = Target(self.cache, self.pos, self.kinds, self.kwarg), {}
+            self._whole, self._views, self._tree_views = Target(self.cache, self.pos, self.kinds, self.kwarg), {}, {}
         self.pos.fill_(-1)
         self.pos[:, :T] = slot_pos
         self.cur, self.target = T, self._whole
@@ -223,7 +242,7 @@ class Storage:
                              root_out.shape[-1], root_logits.shape[-1], k.dtype, root_out.dtype, root_logits.dtype,
                              k.device))
         if key != self._key:  # one live set: a new shape frees the old one
-            self.full, self._key, self._views = None, None, {}
+            self.full, self._key, self._views, self._tree_views = None, None, {}, {}
             self.full = Buffers.like(k, v, root_out, root_logits, self.length, scratch, q_len, vocab, width)
             self._key, self.generation = key, self.generation + 1
         b = self.full
@@ -235,7 +254,13 @@ class Storage:
         b.cur.fill_(S)
         for dst, src in ((b.root, root), (b.root_pos, root_pos), (b.root_out, root_out), (b.root_logits, root_logits)):
             dst.copy_(src)
-        self.buf = b
+        self._use_rows(self.batch)
+
+    def set_tree(self, tree) -> None:
+        """Draft ``tree`` (a TreeConfig within the capacity the buffers were sized for) from the next cycle on."""
+        self.tree = tree
+        if self.full is not None:
+            self._use_rows(self.batch)
 
     def compact(self, keep: list[int]) -> None:
         """Go on with the storage rows ``keep`` (``plan``): moved to the first rows of the full-size cache and
@@ -263,10 +288,12 @@ class Storage:
         self.full = self.full.grown(length)
         self.length, self._key, self.generation = length, (length, self._key[1]), self.generation + 1
         self._whole, self._views, self._slot_views = Target(self.cache, self.pos, self.kinds, self.kwarg), {}, {}
+        self._tree_views = {}
         self._use_rows(self.batch)
 
     def _use_rows(self, n: int) -> None:
-        """Run on the first n rows of the cache and buffers: views at their addresses, kept per n (graph keys)."""
+        """Run on the first n rows of the cache and buffers, and on the columns of the tree that runs: views at their
+        addresses, kept per shape (graph keys)."""
         if n == self._batch:
             self.target, self.buf = self._whole, self.full
         else:
@@ -275,6 +302,12 @@ class Storage:
                 self._views[n] = (target, self.full.rows(n))
             self.target, self.buf = self._views[n]
         self.batch, self._slot_views = n, {}
+        t = self.tree
+        q_len, scratch = t.total_tokens + 1, max(0, scratch_slots(t.top_k, t.depth))
+        if q_len < self.buf.tokens.shape[1] or self.buf.noise is not None and 1 + scratch < self.buf.noise.shape[1]:
+            if (n, q_len, scratch) not in self._tree_views:
+                self._tree_views[(n, q_len, scratch)] = self.buf.for_tree(q_len, scratch)
+            self.buf = self._tree_views[(n, q_len, scratch)]
 
     def in_use(self, end: int) -> Target:
         """The target for a forward whose slots end before ``end``: eagerly, a view over the first slots (rounded up,
@@ -316,4 +349,4 @@ class Storage:
         self.cache = self.pos = self.full = self.target = self.buf = self._whole = None
         self._host = self._read_done = None
         self._batch = self.kinds = self.kwarg = self._key = None
-        self._views, self._slot_views = {}, {}
+        self._views, self._slot_views, self._tree_views = {}, {}, {}

@@ -40,11 +40,13 @@ def evaluate(model, head, prompts, *, max_new_tokens: int, tree: TreeConfig | No
              progress: bool = False) -> dict:
     """The head's acceptance on ``prompts`` through ``speculative_generate``: {"mean_accept_length" (tokens per
     target forward over all prompts, draft-weighted), "prompts", "max_new_tokens", "tree" (what the calls drafted:
-    one tree as a dict, or a list of them)}. ``tree``: None drafts what the default call drafts on the target's
-    device, as every entry point does. ``progress``: a tqdm bar over the prompts."""
+    one tree as a dict, or a list of them)}. ``tree``: None drafts ``TreeConfig.reference`` of the target's device, a
+    fixed tree, so that heads and runs compare (the default call's chooser adapts its tree to what it has seen).
+    ``progress``: a tqdm bar over the prompts."""
     from tqdm.auto import tqdm
 
     device = execution_device(model.get_input_embeddings())
+    tree = tree if tree is not None else TreeConfig.reference(device)
     accepted = drafts = 0
     trees: list[dict] = []
     for prompt in tqdm(prompts, desc="evaluate", unit="prompt", disable=not progress, dynamic_ncols=True):

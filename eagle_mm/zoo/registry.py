@@ -53,15 +53,15 @@ class ZooModel:
     prompts: list[str] = field(default_factory=list)  # validation prompts (prompts.json)
 
     def demo_tree(self):
-        """The ``TreeConfig`` the default call drafts on the target's device at batch 1."""
+        """The fixed tree the demos draft on the target's device (``demo_tree``)."""
         return demo_tree(self.target.device)
 
 
 def demo_tree(device: torch.device):
-    """The ``TreeConfig`` the default call drafts on ``device`` at batch 1 (``decode.options.default_tree``)."""
-    from ..decode.options import default_tree
+    """The fixed tree the demos draft on ``device`` (``TreeConfig.reference``): the same on every run."""
+    from ..config import TreeConfig
 
-    return default_tree(torch.device(device), 1)
+    return TreeConfig.reference(device)
 
 
 def _root() -> tuple[Path, str]:
@@ -204,7 +204,7 @@ class ScenesModel:
                 "pixel_values": pix.to(dev, self.target.dtype)}
 
     def demo_tree(self):
-        """The ``TreeConfig`` the default call drafts on the target's device at batch 1."""
+        """The fixed tree the demos draft on the target's device (``demo_tree``)."""
         return demo_tree(self.target.device)
 
 

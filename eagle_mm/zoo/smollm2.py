@@ -65,12 +65,6 @@ class ChatModel:
         device = self.target.device
         return {"input_ids": enc["input_ids"].to(device), "attention_mask": enc["attention_mask"].to(device)}
 
-    def demo_tree(self):
-        """The ``TreeConfig`` the default call drafts on the target's device at batch 1."""
-        from ..decode.options import default_tree
-
-        return default_tree(self.target.device, 1)
-
 
 def load_chat_dir(path, *, device=None, dtype=None, name: str = NAME) -> ChatModel:
     """Load the target from the installed GGUF and the head from ``path`` (a folder with manifest.json, eagle3/).

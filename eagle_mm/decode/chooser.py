@@ -1,0 +1,315 @@
+"""The default call's draft tree, or no tree, chosen from what a cycle costs here and what the head gets accepted.
+
+A tree commits E[L] tokens per row and cycle (``acceptance.py``: from two numbers fitted to what decoding
+observes) and a cycle costs T seconds at the batch that runs (``costs.py``: the engine's steps, probed once per
+machine, model and batch and kept on disk by ``cost_cache.py``, plus the host's share per cycle, learned from the
+cycles watched). The chooser takes the tree with the most tokens per second, E[L] / T, over a grid of chains and
+trees and ``TreeConfig.none()``, which commits one token per cycle at the cost of one target forward: where no
+tree can pay, the call decodes as ``generate`` does, through the same captured steps.
+
+One ``Chooser`` per decoder (model, head, device: ``Decoder.chooser``) keeps the costs, the acceptance per decoding
+setting, and for compiled calls the tree each batch size got, whether greedy or sampled (a new tree shape would be
+a new compile). A ``Session`` is one call: its first tree,
+the capacity its buffers are sized for (the largest tree it may switch to), and the choice made again when the
+batch shrinks (rows finish) or the fitted acceptance moves the best tree clearly past the one running.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from ..config import TreeConfig
+from .acceptance import Acceptance, expected_lengths
+from .cost_cache import CostFile, cost_key, decode_kind, entry_name
+from .costs import CycleCosts, cycle_seconds, probe
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Finalist", "TreeChoice", "Chooser", "Session", "candidate_trees", "rank_trees", "setting_of", "MAX_TOP_K"]
+
+_TOTALS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+_TOP_KS = (2, 4, 6, 8)
+MAX_TOP_K = max(_TOP_KS)
+_SWITCH = 1.05  # within a call, a new tree must promise this much more than the running one
+_REFIT_SECONDS = 0.5  # within a call, the choice is reviewed (acceptance fitted again) at most this often
+_REFIT_CYCLES = 16  # ... and after this many cycles
+_FINALISTS = 3
+_HEADROOM = 0.2  # the capacity also holds the tree for a head this much better (in a and t) than fitted
+_SAMPLED_BYTES = 1 << 30  # a sampled tree's proposals (batch x nodes x vocabulary, fp32) stay within this
+
+
+def candidate_trees(max_depth: int = 8, max_top_k: int = 8) -> list[TreeConfig]:
+    """No tree, chains of depth 1..max_depth, and trees of every top_k, depth and size of the grid (at least as many
+    nodes as levels: a level that cannot hold a node is a head forward for nothing)."""
+    trees = [TreeConfig.none()] + [TreeConfig.chain(d) for d in range(1, max_depth + 1)]
+    for k in (k for k in _TOP_KS if k <= max_top_k):
+        for d in range(1, max_depth + 1):
+            trees += [TreeConfig(d, k, n) for n in _TOTALS if max(k, d) <= n <= k + (d - 1) * k * k]
+    return trees
+
+
+def setting_of(gen) -> tuple:
+    """What acceptance depends on besides the model and head: greedy, or sampling and its warpers."""
+    if not gen.do_sample:
+        return ("greedy", getattr(gen, "repetition_penalty", None))
+    return ("sampled",) + tuple(getattr(gen, n, None) for n in ("temperature", "top_k", "top_p", "min_p",
+                                                                "typical_p", "repetition_penalty"))
+
+
+@dataclass(frozen=True)
+class Finalist:
+    tree: TreeConfig
+    accept_length: float  # expected tokens per row and cycle, the target's own included
+    cycle_seconds: float  # expected seconds per cycle at the batch chosen for
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Per row: multiply by the batch for the call's rate."""
+        return self.accept_length / self.cycle_seconds
+
+    def as_dict(self) -> dict:
+        return {"tree": [self.tree.depth, self.tree.top_k, self.tree.total_tokens],
+                "accept_length": self.accept_length, "cycle_ms": 1e3 * self.cycle_seconds,
+                "tokens_per_second_per_row": self.tokens_per_second}
+
+
+@dataclass(frozen=True)
+class TreeChoice:
+    """What the chooser decided for a batch, and why: the best trees' expected rates, best first."""
+
+    tree: TreeConfig
+    batch: int
+    why: str  # "first", "rows finished", "acceptance or costs moved", "kept (compiled)"
+    finalists: tuple  # (Finalist, ...): the chosen, the best few, no tree, and the tree that ran before
+    acceptance: tuple  # the fitted (a, t) of ``acceptance.py``
+    cycle: int = 0  # the call's cycle from which the tree ran
+
+    def as_dict(self) -> dict:
+        return {"tree": [self.tree.depth, self.tree.top_k, self.tree.total_tokens], "batch": self.batch,
+                "why": self.why, "cycle": self.cycle, "acceptance": list(self.acceptance),
+                "finalists": [f.as_dict() for f in self.finalists]}
+
+    def __str__(self) -> str:
+        rates = "; ".join(f"{_name(f.tree)}: {f.accept_length:.2f} tok x {self.batch} rows / "
+                          f"{1e3 * f.cycle_seconds:.2f} ms = {self.batch * f.tokens_per_second:.0f} tok/s"
+                          for f in self.finalists)
+        return f"{_name(self.tree)} at batch {self.batch} ({self.why}); expected {rates}"
+
+
+def _name(tree: TreeConfig) -> str:
+    if not tree.drafts:
+        return "no tree"
+    return f"chain {tree.depth}" if tree.top_k == 1 else f"tree {tree.depth}/{tree.top_k}/{tree.total_tokens}"
+
+
+class Chooser:
+    """Costs and acceptance for one (model, head, device), kept between calls by its decoder (``Decoder.chooser``)."""
+
+    def __init__(self, model, head, device):
+        self.device = device
+        self.file = CostFile(cost_key(model, head, device))
+        self.entries: dict[str, CycleCosts] = self.file.load()
+        self.acceptance: dict[tuple, Acceptance] = {}
+        self.overhead: dict[tuple, float] = {}  # (kind, batch) -> seconds per cycle beyond the steps (learned)
+        self.residuals: dict[tuple, collections.deque] = {}  # (kind, batch) -> the last cycles' share beyond the steps
+        # (batch, mode) -> the tree compiled calls keep: greedy and sampled calls share the compiled verify and update
+        self.kept: dict[tuple, TreeConfig] = {}
+        self.capacity: dict[tuple, TreeConfig] = {}  # (batch, kind) -> the capacity calls sized their buffers for
+        self.last: dict[tuple, TreeConfig] = {}  # (batch, kind, setting) -> the tree chosen there last
+
+    def acceptance_for(self, setting: tuple) -> Acceptance:
+        return self.acceptance.setdefault(setting, Acceptance())
+
+    def table(self, kind: str) -> dict[int, CycleCosts]:
+        """{batch: CycleCosts} measured for this decoding kind (``cost_cache.decode_kind``)."""
+        return {c.batch: c for name, c in self.entries.items() if name.split("/")[1] == kind}
+
+    def measure(self, model, head, cap, batches, sampler, graphs: bool, mrope: bool) -> None:
+        """Probe the batches not measured yet for this kind, and keep the results on disk."""
+        new = {}
+        for b in batches:
+            name = entry_name(b, decode_kind(sampler, graphs, self.device))
+            if name not in self.entries:
+                t0 = time.perf_counter()
+                new[name] = probe(model, head, cap, b, device=self.device, sampler=sampler, graphs=graphs, mrope=mrope)
+                logger.info("measured the engine's step costs at batch %d in %.2fs", b, time.perf_counter() - t0)
+        if new:
+            self.entries.update(new)
+            self.file.save(new)
+
+    def seconds(self, table: dict, kind: str, batch: int):
+        """tree -> seconds of a cycle at ``batch``: the steps' from the table, and the host's share, learned at this
+        batch, or at the nearest batch that decoded (0 before any has: it is the same for every tree)."""
+        learned = [(abs(b.bit_length() - batch.bit_length()), abs(b - batch), v)
+                   for (k, b), v in self.overhead.items() if k == kind]
+        extra = min(learned)[2] if learned else 0.0
+        return lambda tree: cycle_seconds(table, batch, tree) + extra
+
+    def rank(self, lengths: dict, table: dict, kind: str, batch: int) -> list[Finalist]:
+        return rank_trees(lengths, self.seconds(table, kind, batch))
+
+
+def rank_trees(lengths: dict, seconds) -> list[Finalist]:
+    """Every tree's expected tokens per second (per row), best first, ties to the smaller tree. ``lengths``:
+    {tree: expected tokens per cycle}; ``seconds(tree)``: what a cycle of it costs."""
+    out = [Finalist(t, n, seconds(t)) for t, n in lengths.items()]
+    return sorted(out, key=lambda f: (-f.tokens_per_second, f.tree.total_tokens, f.tree.depth, f.tree.top_k))
+
+
+@dataclass
+class Session:
+    """One call's choice: ``tree`` to start with, ``capacity`` to size the buffers for; ``next_tree`` before every
+    cycle observes the last one (from the call's ``SpeculativeStats``) and says which tree runs next."""
+
+    chooser: Chooser
+    acceptance: Acceptance
+    table: dict
+    kind: str
+    trees: list
+    mode: str | None
+    setting: tuple = ()
+    tree: TreeConfig = field(default=None)
+    capacity: TreeConfig = field(default=None)
+    sampler: object = None
+    choices: list = field(default_factory=list)
+    _last: tuple = (0, 0, (), 0.0, 0.0)  # stats at the last look: forwards, drafts, accept counts, seconds, setup
+    _batch: int = 0
+    _fit_at: float = 0.0
+    _cycles: int = 0  # cycles observed since the choice was last reviewed within the call
+    idle: bool = False  # the call started without a tree: the head has no entries, nothing can be drafted
+    _stale: bool = False  # the cycle just observed drafted from a head left as it was by cycles without a tree
+    _steps: dict = field(default_factory=dict)  # (batch, tree) -> the probed steps' seconds per cycle
+
+    @classmethod
+    def start(cls, chooser: Chooser, *, model, head, cap, batch: int, gen, sampler, mode, max_depth: int,
+              max_top_k: int, shrinks: bool, mrope: bool = False) -> "Session":
+        """Measure what is missing (this batch, and 1 when rows may finish), choose, size the capacity. ``shrinks``:
+        the call goes on with fewer rows as they finish (else it keeps its tree: compiled steps). ``mode``: how the
+        call's steps run (``options.choose_mode``): the costs are probed as CUDA graphs where it captures them."""
+        graphs = mode is not None and chooser.device.type == "cuda"
+        chooser.measure(model, head, cap, sorted({batch, 1} if shrinks else {batch}), sampler, graphs, mrope)
+        setting = setting_of(gen)
+        acceptance = chooser.acceptance_for(setting)
+        kind = decode_kind(sampler, graphs, chooser.device)
+        trees = candidate_trees(min(max_depth, 8), max_top_k)
+        if sampler is not None:  # a sampled tree keeps each node's proposal over the vocabulary: bound its memory
+            most = _SAMPLED_BYTES // (4 * batch * sampler.vocab_size) - 1
+            trees = [t for t in trees if t.total_tokens <= most]
+        s = cls(chooser, acceptance, chooser.table(kind), kind, trees, mode, setting, sampler=sampler)
+        key = (batch, mode)
+        if not shrinks and chooser.kept.get(key) in trees:  # compiled steps: the tree they were compiled for
+            s.tree = s.capacity = chooser.kept[key]
+            s.idle = not s.tree.drafts
+            s.choices.append(TreeChoice(s.tree, batch, "kept (compiled)", (), acceptance.fit()))
+            return s
+        first = s._choose(batch, "first")
+        s.tree, s._batch, s._fit_at = first.tree, batch, time.perf_counter()
+        # A call that starts without a tree leaves the head out (no pass over the prompt: at a large batch on a CPU
+        # it costs a fifth of the call), so it stays without one; the next call chooses again.
+        s.idle = not first.tree.drafts
+        if not shrinks:  # compiled steps: sized for the tree they are compiled for, which the call keeps
+            s.capacity = chooser.kept[key] = first.tree
+            return s
+        # The buffers are sized once: for the trees the smaller batches would get as rows finish, and for the one a
+        # head doing better than fitted so far would get (so that the choice can grow within the call).
+        a, t = acceptance.fit()
+        hopeful = expected_lengths(min(a + _HEADROOM, 0.99), min(t + _HEADROOM, 0.9), trees)
+        sizes = [batch >> i for i in range(1, batch.bit_length())]
+        # Never smaller than an earlier call's: the buffers (and the graphs captured on them) are kept between calls.
+        held = chooser.capacity.get((batch, kind), TreeConfig.none())
+        s.capacity = chooser.capacity[(batch, kind)] = _envelope(
+            [held, first.tree, s.rank(batch, lengths=hopeful)[0].tree] + [s.rank(b)[0].tree for b in sizes])
+        return s
+
+    def rank(self, batch: int, lengths: dict | None = None) -> list[Finalist]:
+        """The trees (within the capacity, once sized) by expected rate at ``batch``, best first."""
+        if lengths is None:
+            trees = [t for t in self.trees if (self.capacity is None or t.fits(self.capacity))
+                     and not (self.idle and t.drafts)]
+            lengths = self.acceptance.expected_lengths(trees)
+        return self.chooser.rank(lengths, self.table, self.kind, batch)
+
+    def _choose(self, batch: int, why: str, cycle: int = 0) -> TreeChoice:
+        """The best tree at ``batch``; the one the last call chose at this batch while it is within ``_SWITCH`` of
+        the best (another tree shape is another graph to capture, or to compile)."""
+        ranked = self.rank(batch)
+        key = (batch, self.kind, self.setting)
+        best = ranked[0]
+        last = next((f for f in ranked if f.tree == self.chooser.last.get(key)), None)
+        if last is not None and _SWITCH * last.tokens_per_second >= best.tokens_per_second:
+            best = last
+        self.chooser.last[key] = best.tree
+        shown = [best] + ranked[:_FINALISTS] + [f for f in ranked if not f.tree.drafts or f.tree == self.tree]
+        choice = TreeChoice(best.tree, batch, why, tuple(dict.fromkeys(shown)), self.acceptance.fit(), cycle)
+        self.choices.append(choice)
+        logger.info("draft tree: %s", choice)
+        return choice
+
+    def next_tree(self, batch: int, stats, setup: float) -> TreeConfig:
+        """Observe the cycle since the last call, then the tree for the next cycle (the same one, or a new choice
+        when the batch changed, or when the acceptance fitted again or the host's share learned since makes another
+        tree promise ``_SWITCH`` times the running one's rate). Compiled calls never switch."""
+        self._observe(stats, setup)
+        if self.mode not in (None, "graphs"):
+            return self.tree
+        now = time.perf_counter()
+        why = None
+        if batch != self._batch:
+            why = "rows finished"
+        elif self._cycles >= _REFIT_CYCLES and now - self._fit_at >= _REFIT_SECONDS:
+            self._fit_at, self._cycles = now, 0
+            ranked = self.rank(batch)
+            running = next(f for f in ranked if f.tree == self.tree)
+            if ranked[0].tree != self.tree and ranked[0].tokens_per_second > _SWITCH * running.tokens_per_second:
+                why = "acceptance or costs moved"
+        if why is not None:
+            self._batch = batch
+            new = self._choose(batch, why, stats.num_target_forwards).tree
+            self._stale = not self.tree.drafts and new.drafts
+            self.tree = new
+        return self.tree
+
+    def finish(self, stats, setup: float) -> None:
+        """After the call's last cycle: observe it."""
+        self._observe(stats, setup)
+
+    def _observe(self, stats, setup: float) -> None:
+        forwards, seconds = stats.num_target_forwards, stats.time_draft + stats.time_verify + stats.time_other
+        last_forwards, last_drafts, last_counts, last_seconds, last_setup = self._last
+        counts = list(stats.accept_counts)
+        self._last = (forwards, stats.num_drafts, counts, seconds, setup)
+        if forwards != last_forwards + 1:  # nothing new (the first look), or not one cycle
+            return
+        drafts = stats.num_drafts - last_drafts
+        self._cycles += 1
+        if self._stale:  # drafted from a head that missed the cycles without a tree: not what the tree gets
+            self._stale = False
+        else:
+            self.acceptance.observe(self.tree, drafts,
+                                    [c - (last_counts[i] if i < len(last_counts) else 0) for i, c in enumerate(counts)])
+        if setup == last_setup:  # a cycle that captured or compiled a step says nothing of the steady cost
+            self._learn_overhead(seconds - last_seconds)
+
+    def _learn_overhead(self, cycle: float) -> None:
+        """The host's share of a cycle: what recent cycles took beyond the probed steps (their median: a cycle that
+        a busy machine delayed says nothing of the next)."""
+        key = (self.kind, self._batch)
+        steps = self._steps.get((self._batch, self.tree))
+        if steps is None:  # read from the table once per batch and tree: the host's work per cycle stays small
+            steps = self._steps[(self._batch, self.tree)] = cycle_seconds(self.table, self._batch, self.tree)
+        recent = self.chooser.residuals.setdefault(key, collections.deque(maxlen=15))
+        recent.append(cycle - steps)
+        self.chooser.overhead[key] = max(0.0, statistics.median(recent))
+
+
+def _envelope(trees) -> TreeConfig:
+    """The smallest tree shape every one of ``trees`` fits in."""
+    drafting = [t for t in trees if t.drafts]
+    if not drafting:
+        return TreeConfig.none()
+    d, k = max(t.depth for t in drafting), max(t.top_k for t in drafting)
+    n = max(t.total_tokens for t in drafting)
+    return TreeConfig(d, k, d if k == 1 else n)

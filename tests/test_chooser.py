@@ -1,0 +1,463 @@
+"""The default call's tree from measured costs: the acceptance model, the choice, the cost file, the no-tree path."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+import eagle_mm as em
+from eagle_mm import TreeConfig
+from eagle_mm.decode import chooser as chooser_mod
+from eagle_mm.decode.acceptance import Acceptance, expected_lengths, position_rates
+from eagle_mm.decode.chooser import Session, candidate_trees, rank_trees
+from eagle_mm.decode.cost_cache import VERSION, CostFile, cost_folder
+from eagle_mm.decode.costs import CycleCosts, cycle_seconds
+from eagle_mm.decode.stopping import Stops, block_stops, first_stop
+from tests.tiny import prompt, tiny_model
+
+KS = (1, 2, 4, 8)
+
+
+def _costs(batch: int, verify) -> CycleCosts:
+    """Stand-in step costs: the verify as ``verify(tokens per row)`` seconds, every other step next to free."""
+    return CycleCosts(batch, tuple((q, verify(q)) for q in (1, 2, 4, 8, 16, 32, 64)),
+                      tuple((k, 1e-6, 1e-6) for k in KS), ((2, 1e-6), (9, 1e-6)), 1e-6)
+
+
+LINEAR = lambda q: 1e-3 * q  # noqa: E731  every verified token costs what the first does (a CPU's compute)
+FLAT = lambda q: 1e-3 + 1e-6 * q  # noqa: E731  a few dozen tokens cost what one does (a GPU at a small batch)
+
+
+@pytest.fixture
+def stand_in(monkeypatch, tmp_path):
+    """The probe replaced by stand-in costs (and counted), the cost files kept in a fresh folder."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    state = SimpleNamespace(verify=FLAT, calls=[])
+
+    def probe(model, head, cap, batch, *, device, sampler=None, graphs=False, mrope=False):
+        state.calls.append(batch)
+        return _costs(batch, state.verify)
+
+    monkeypatch.setattr(chooser_mod, "probe", probe)
+    return state
+
+
+def _seen(a: float, t: float, tree: TreeConfig, drafts: int = 4000) -> Acceptance:
+    est = Acceptance()
+    est.observe(tree, drafts, [round(drafts * r) for r in position_rates(a, t, tree)])
+    return est
+
+
+# ---- the acceptance model -------------------------------------------------------------------------
+def test_a_chain_commits_the_geometric_sum_and_no_tree_one_token():
+    for a in (0.0, 0.3, 0.8):
+        got = expected_lengths(a, 0.4, [TreeConfig.chain(5), TreeConfig.none()])
+        assert got[TreeConfig.chain(5)] == pytest.approx(sum(a ** i for i in range(6)))
+        assert got[TreeConfig.none()] == 1.0
+
+
+def test_wider_and_larger_trees_commit_more_and_rates_add_up():
+    trees = [t for t in candidate_trees() if t.drafts]
+    lengths = expected_lengths(0.7, 0.3, trees)
+    for tree in trees[::7]:
+        rates = position_rates(0.7, 0.3, tree)
+        assert lengths[tree] == pytest.approx(1 + sum(rates))
+        assert all(x >= y - 1e-12 for x, y in zip(rates, rates[1:]))  # P(L >= i) falls with i
+    assert lengths[TreeConfig(4, 4, 16)] > lengths[TreeConfig(4, 2, 8)] > lengths[TreeConfig.chain(4)]
+    assert lengths[TreeConfig(6, 8, 48)] > lengths[TreeConfig(6, 8, 24)]
+    # The tail only helps a tree: a chain commits the same whatever t is.
+    assert expected_lengths(0.7, 0.0, [TreeConfig.chain(4)]) == expected_lengths(0.7, 0.8, [TreeConfig.chain(4)])
+    assert (expected_lengths(0.7, 0.6, [TreeConfig(4, 4, 16)])[TreeConfig(4, 4, 16)]
+            > expected_lengths(0.7, 0.1, [TreeConfig(4, 4, 16)])[TreeConfig(4, 4, 16)])
+
+
+def test_the_fit_recovers_the_head_and_follows_a_drift():
+    est = _seen(0.7, 0.4, TreeConfig(6, 4, 24))
+    est.observe(TreeConfig.chain(4), 4000, [round(4000 * r) for r in position_rates(0.7, 0.4, TreeConfig.chain(4))])
+    a, t = est.fit()
+    assert a == pytest.approx(0.7, abs=0.021) and t == pytest.approx(0.4, abs=0.051)
+    for _ in range(20):  # the head starts missing: older observations fade
+        est.observe(TreeConfig.chain(4), 1000, [round(1000 * r) for r in position_rates(0.2, 0.4, TreeConfig.chain(4))])
+    assert est.fit()[0] == pytest.approx(0.2, abs=0.05)
+    with pytest.raises(ValueError, match="not acceptance counts"):
+        est.observe(TreeConfig.chain(2), 10, [11, 3])
+
+
+# ---- the choice -----------------------------------------------------------------------------------
+def test_no_tree_when_drafting_cannot_pay_a_large_tree_when_verify_is_flat():
+    lengths = _seen(0.8, 0.3, TreeConfig(6, 4, 24)).expected_lengths(candidate_trees())
+    linear, flat = (rank_trees(lengths, lambda t, f=f: _costs(1, f).step_seconds(t)) for f in (LINEAR, FLAT))
+    assert linear[0].tree == TreeConfig.none(), linear[:3]
+    assert flat[0].tree.top_k > 1 and flat[0].tree.total_tokens >= 16, flat[:3]
+    assert flat[0].tokens_per_second > 3 * next(f for f in flat if not f.tree.drafts).tokens_per_second
+
+
+def test_a_weak_head_gets_no_tree_even_where_verify_is_flat():
+    lengths = _seen(0.02, 0.05, TreeConfig(4, 4, 16)).expected_lengths(candidate_trees())
+    ranked = rank_trees(lengths, lambda t: _costs(1, FLAT).step_seconds(t) + (t.depth * 2e-4))
+    assert ranked[0].tree == TreeConfig.none()
+
+
+def test_costs_between_batches_are_interpolated():
+    table = {1: _costs(1, FLAT), 16: _costs(16, lambda q: 16e-3 * q)}
+    tree = TreeConfig.chain(3)
+    one, sixteen = cycle_seconds(table, 1, tree), cycle_seconds(table, 16, tree)
+    assert cycle_seconds(table, 8, tree) == pytest.approx(one + (sixteen - one) * 7 / 15)
+    assert cycle_seconds(table, 64, tree) == sixteen  # beyond the largest measured: the nearest
+
+
+def test_timing_noise_never_makes_a_bigger_step_cheaper():
+    noisy = _costs(1, lambda q: {1: 3e-3, 2: 2e-3, 4: 4e-3, 8: 8e-3}.get(q, 1.0))
+    table = CycleCosts(1, noisy.verify[:4], noisy.draft, noisy.update, noisy.advance)
+    seconds = [table.step_seconds(TreeConfig.chain(d)) for d in range(1, 8)]
+    assert seconds == sorted(seconds)  # read through the isotonic fit, and extended past the last size timed
+    flat_end = CycleCosts(1, ((1, 1e-3), (2, 2e-3), (4, 2e-3)), noisy.draft, noisy.update, 0.0)
+    # Past the last size, at least the whole table's slope per token: (2 - 1) ms / 3 tokens.
+    assert flat_end.step_seconds(TreeConfig(2, 8, 16)) == pytest.approx(2e-3 + 13 * 1e-3 / 3 + 2e-6 + 1e-6)
+
+
+def test_a_tree_is_kept_while_it_is_within_5_percent_of_the_best(stand_in):
+    """Another tree shape is another graph to capture: a later call keeps the last call's tree unless another
+    promises clearly more."""
+    stand_in.verify = lambda q: 1e-3 + 2e-4 * q  # each verified token costs a fifth of the forward: depth matters
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    kw = dict(model=model, head=head, cap=None, batch=1, gen=SimpleNamespace(do_sample=False),
+              sampler=None, mode=None, max_depth=8, max_top_k=96, shrinks=True)
+    est, seen = c.acceptance_for(("greedy", None)), TreeConfig.chain(4)
+
+    def head_at(a: float, drafts: int) -> None:
+        est.observe(seen, drafts, [round(drafts * r) for r in position_rates(a, 0.3, seen)])
+
+    head_at(0.6, 4000)
+    first = Session.start(c, **kw)
+    head_at(0.66, 80000)  # a little better: a deeper chain now promises a little more
+    again = Session.start(c, **kw)
+    best = again.choices[0].finalists
+    assert again.tree == first.tree and best[0].tree == first.tree
+    assert max(f.tokens_per_second for f in best) > best[0].tokens_per_second  # ... but not 5% more
+    head_at(0.9, 80000)
+    assert Session.start(c, **kw).tree.depth > first.tree.depth
+
+
+def test_the_default_call_picks_from_the_costs(stand_in):
+    model, ids = tiny_model("llama"), prompt(9)
+    ref = model.generate(ids, max_new_tokens=12, do_sample=False)
+    for verify, drafts in ((LINEAR, False), (FLAT, True)):
+        stand_in.verify = verify
+        head = em.EagleHead.from_target(model)  # a new head: a new chooser (and the costs measured anew)
+        for f in cost_folder().glob("*.json"):
+            f.unlink()
+        out = em.speculative_generate(model, head, ids, max_new_tokens=12, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref)
+        first = out.stats.choices[0]
+        assert out.stats.tree == first.tree and first.tree.drafts is drafts, str(first)
+        assert first.why == "first" and first.finalists[0].tree == first.tree
+        assert any(not f.tree.drafts for f in first.finalists)  # no tree is always shown, with its rate
+        assert "tok/s" in str(first) and out.stats.as_dict()["choices"][0]["tree"][0] == first.tree.depth
+
+
+@pytest.mark.parametrize("tree", [TreeConfig.chain(2), TreeConfig(3, 2, 4), TreeConfig.none()], ids=str)
+def test_a_users_tree_is_never_overridden(stand_in, tree):
+    stand_in.verify = LINEAR if tree.drafts else FLAT  # costs under which the chooser would pick otherwise
+    model, ids = tiny_model("llama"), prompt(9, batch=2)
+    head = em.EagleHead.from_target(model)
+    out = em.speculative_generate(model, head, ids, max_new_tokens=10, tree=tree, return_dict_in_generate=True)
+    assert out.stats.tree == tree and out.stats.choices == [] and stand_in.calls == []
+    out = em.speculative_generate(model, head, ids, max_new_tokens=10, return_dict_in_generate=True)
+    assert out.stats.tree != tree  # what the chooser does with these costs
+
+
+# ---- the cost file --------------------------------------------------------------------------------
+def test_the_cost_file_is_kept_keyed_versioned_and_measured_again_when_damaged(stand_in):
+    model, ids = tiny_model("llama"), prompt(9)
+
+    def call():
+        head = em.EagleHead.from_target(model)  # a new chooser each time: what a new process sees
+        return em.speculative_generate(model, head, ids, max_new_tokens=4, return_dict_in_generate=True)
+
+    call()
+    assert stand_in.calls == [1]
+    files = list(cost_folder().glob("costs-*.json"))
+    assert len(files) == 1
+    data = json.loads(files[0].read_text())
+    assert data["version"] == VERSION and set(data["entries"]) == {"1/greedy"}
+    assert {"machine", "torch", "transformers", "target", "head"} <= set(data["key"])
+    call()
+    assert stand_in.calls == [1]  # read back: nothing measured again
+    for damage in ("{not json", json.dumps({**data, "version": VERSION + 1}),
+                   json.dumps({**data, "entries": {"1/greedy": {**data["entries"]["1/greedy"], "advance": -1}}}),
+                   json.dumps({**data, "key": {**data["key"], "machine": "another"}})):
+        files[0].write_text(damage)
+        stand_in.calls.clear()
+        call()
+        assert stand_in.calls == [1]  # measured again...
+        assert CostFile(data["key"], cost_folder()).load()  # ...and the file replaced
+    # Another target shape is another key: another file.
+    em.speculative_generate(tiny_model("llama", num_hidden_layers=2), em.EagleHead.from_target(
+        tiny_model("llama", num_hidden_layers=2)), ids, max_new_tokens=4)
+    assert len(list(cost_folder().glob("costs-*.json"))) == 2
+
+
+def test_the_probe_leaves_the_global_random_state_alone():
+    """A sampled call seeded through torch's global generator draws the same tokens whether or not its first call
+    measured the costs: the probe draws its noise from a generator of its own."""
+    from transformers import LogitsProcessorList
+    from transformers.generation import logits_process as lp
+
+    from eagle_mm.decode.costs import probe
+    from eagle_mm.decode.draft import DraftSampler
+    from eagle_mm.target.features import FeatureCapture
+    from eagle_mm.target.parts import resolve_target
+
+    model = tiny_model("llama")
+    head = em.Eagle3Head.from_target(model)
+    head.attach(model)
+    parts = resolve_target(model)
+    sampler = DraftSampler.from_processors(LogitsProcessorList([lp.TopPLogitsWarper(0.9)]), head, None, 8)
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    with FeatureCapture(parts, head.feature_layers(parts.num_layers)) as cap, torch.no_grad():
+        costs = probe(model, head, cap, 2, device=torch.device("cpu"), sampler=sampler)
+    assert torch.equal(torch.get_rng_state(), before) and costs.batch == 2
+
+
+def test_cycle_costs_refuse_bad_data():
+    good = _costs(2, FLAT).as_json()
+    assert CycleCosts.from_json(json.loads(json.dumps(good))) == _costs(2, FLAT)
+    for bad in ({**good, "batch": 0}, {**good, "verify": [[1, float("nan")]]}, {**good, "verify": [[2, 1e-3], [1, 1e-3]]},
+                {**good, "draft": [[1, 1e-3]]}, {**good, "overhead": "1"}, {k: v for k, v in good.items() if k != "update"}):
+        with pytest.raises(ValueError):
+            CycleCosts.from_json(bad)
+
+
+def test_a_cost_folder_others_may_write_is_not_used(tmp_path):
+    folder = tmp_path / "costs"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    file = CostFile({"k": 1}, folder)
+    file.save({"1/greedy": _costs(1, FLAT)})
+    assert not file.path.exists() and file.load() == {}
+
+
+# ---- the no-tree path and the switches, through the engine -----------------------------------------
+def _ragged(model, ids: torch.Tensor, n: int) -> dict:
+    """generate() options under which the rows of ``ids`` stop at different times: an end-of-sequence token that
+    the rows' greedy continuations reach at the most different places (some not within ``n`` tokens)."""
+    new = model.generate(ids, max_new_tokens=n, do_sample=False)[:, ids.shape[1]:]
+    first = {}
+    for tok in new.unique().tolist():
+        at = [(row == tok).nonzero()[0, 0].item() if (row == tok).any() else n for row in new]
+        first[tok] = len(set(at))
+    eos = max(sorted(first), key=first.get)
+    return dict(max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_no_tree_equals_generate(batch):
+    model, ids = tiny_model("llama"), prompt(9, batch=batch, seed=3)
+    head = em.Eagle3Head.from_target(model)
+    # With several rows, they finish at different times: the engine drops them as it goes.
+    kw = _ragged(model, ids, 20) if batch > 1 else dict(max_new_tokens=20, do_sample=False)
+    ref = model.generate(ids, **kw)
+    for storage in (None, "dynamic"):
+        out = em.speculative_generate(model, head, ids, tree=TreeConfig.none(), cache_implementation=storage,
+                                      return_dict_in_generate=True, **kw)
+        assert torch.equal(out.sequences, ref), storage
+        assert out.stats.mean_accept_length == 1.0 and out.stats.num_draft_tokens == 0
+
+
+def test_sampled_no_tree_engine_equals_fallback():
+    model, ids = tiny_model("llama"), prompt(9, batch=2)
+    head = em.EagleHead.from_target(model)
+    outs = [em.speculative_generate(model, head, ids, max_new_tokens=12, do_sample=True, top_p=0.9,
+                                    tree=TreeConfig.none(), cache_implementation=storage,
+                                    generator=torch.Generator().manual_seed(4)) for storage in (None, "dynamic")]
+    assert torch.equal(*outs)
+
+
+class _Scripted:
+    """A stand-in session: the trees of ``script`` in turn, one per cycle, within their envelope."""
+
+    script: list = []
+
+    def __init__(self):
+        self.i, self.choices = 0, []
+        self.tree, self.capacity = self.script[0], TreeConfig(4, 3, 8)
+
+    @classmethod
+    def start(cls, chooser, **kw):
+        return cls()
+
+    def next_tree(self, batch, stats, setup):
+        self.i += 1
+        self.tree = self.script[self.i % len(self.script)]
+        return self.tree
+
+    def finish(self, stats, setup):
+        pass
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_switching_trees_mid_call_keeps_generate_tokens(monkeypatch, batch):
+    """No tree, chains and trees in turn, cycle after cycle, within buffers sized once: every switch (a draft from
+    a head left as it was by cycles without a tree, too) keeps the target's tokens."""
+    from eagle_mm.decode import loop
+
+    _Scripted.script = [TreeConfig.none(), TreeConfig.chain(2), TreeConfig(3, 3, 8), TreeConfig.none(),
+                        TreeConfig.none(), TreeConfig(4, 2, 6), TreeConfig.chain(1)]
+    monkeypatch.setattr(loop, "Session", _Scripted)
+    model, ids = tiny_model("llama"), prompt(9, batch=batch, seed=5)
+    head = em.EagleHead.from_target(model)
+    kw = _ragged(model, ids, 30) if batch > 1 else dict(max_new_tokens=30, do_sample=False)
+    out = em.speculative_generate(model, head, ids, return_dict_in_generate=True, **kw)
+    assert torch.equal(out.sequences, model.generate(ids, **kw))
+    assert out.stats.num_target_forwards >= len(_Scripted.script)
+
+
+def test_rows_finishing_make_the_choice_again(stand_in):
+    model, ids = tiny_model("llama"), prompt(9, batch=4, seed=6)
+    kw = _ragged(model, ids, 16)
+    out = em.speculative_generate(model, em.EagleHead.from_target(model), ids, return_dict_in_generate=True, **kw)
+    assert torch.equal(out.sequences, model.generate(ids, **kw))
+    assert stand_in.calls == [1, 4]  # the call's batch, and one row for when rows finish
+    batches = [c.batch for c in out.stats.choices]
+    assert batches[0] == 4 and batches[1:] and all(b < 4 for b in batches[1:])
+    assert all(c.why == "rows finished" for c in out.stats.choices[1:])
+
+
+def test_a_call_that_starts_without_a_tree_stays_without_one(stand_in):
+    """It leaves the head out (no pass over the prompt), so nothing could draft later in the call: rows finishing
+    where a tree would pay do not switch it; the next call chooses again."""
+    stand_in.verify = LINEAR
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    kw = dict(model=model, head=head, cap=None, batch=4, gen=SimpleNamespace(do_sample=False),
+              sampler=None, mode=None, max_depth=8, max_top_k=96, shrinks=True)
+    s = Session.start(c, **kw)
+    assert not s.tree.drafts and s.idle
+    s.table = {b: _costs(b, FLAT) for b in (1, 4)}  # costs under which one row would draft
+    stats = SimpleNamespace(num_target_forwards=0, num_drafts=0, accept_counts=[0] * 8, time_draft=0.0,
+                            time_verify=0.0, time_other=0.0)
+    assert not s.next_tree(1, stats, 0.0).drafts and s.choices[-1].why == "rows finished"
+    c.entries.clear()
+    stand_in.verify = FLAT
+    assert Session.start(c, **kw).tree.drafts
+
+
+def test_acceptance_moving_makes_the_choice_again(stand_in, monkeypatch):
+    """Cycles that accept every draft token raise the fitted acceptance until a bigger tree promises more."""
+    monkeypatch.setattr(chooser_mod, "_REFIT_SECONDS", 0.0)
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    c.acceptance_for(("greedy", None)).observe(TreeConfig.chain(2), 64, [8, 1])  # a weak head so far
+    s = Session.start(c, model=model, head=head, cap=None, batch=1, gen=SimpleNamespace(do_sample=False),
+                      sampler=None, mode=None, max_depth=8, max_top_k=96, shrinks=True)
+    first = s.tree
+    stats = SimpleNamespace(num_target_forwards=0, num_drafts=0, accept_counts=[0] * s.capacity.depth,
+                            time_draft=0.0, time_verify=0.0, time_other=0.0)
+    for _ in range(200):
+        tree = s.next_tree(1, stats, 0.0)
+        if tree != first:
+            break
+        stats.num_target_forwards += 1
+        stats.num_drafts += 1
+        stats.accept_counts = [n + 1 if i < tree.depth else n for i, n in enumerate(stats.accept_counts)]
+        stats.time_verify += 1e-3
+    assert tree != first and s.choices[-1].why == "acceptance or costs moved", [str(x) for x in s.choices]
+    assert tree.fits(s.capacity) and tree.depth > first.depth  # a head that is right more often: deeper
+
+
+def test_compiled_calls_keep_their_tree(stand_in):
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    kw = dict(model=model, head=head, cap=None, batch=2, gen=SimpleNamespace(do_sample=False),
+              sampler=None, mode="default", max_depth=8, max_top_k=96, shrinks=False)
+    first = Session.start(c, **kw)
+    stand_in.verify = LINEAR  # costs that would pick otherwise: a compiled call keeps what it compiled for
+    c.entries.clear()
+    again = Session.start(c, **kw)
+    assert again.tree == first.tree and again.choices[0].why == "kept (compiled)"
+    stats = SimpleNamespace(num_target_forwards=1, num_drafts=1, accept_counts=[0] * 8, time_draft=0.0,
+                            time_verify=0.0, time_other=0.0)
+    assert again.next_tree(1, stats, 0.0) == first.tree  # nor does it switch within the call
+
+
+# ---- committing a cycle's tokens ------------------------------------------------------------------
+def test_block_stops_answer_as_first_stop_does():
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    g = torch.Generator().manual_seed(0)
+    criteria = StoppingCriteriaList([MaxLengthCriteria(max_length=30), EosTokenCriteria(eos_token_id=[3, 7])])
+    lengths, blocks = [], []
+    for _ in range(200):
+        n, k = int(torch.randint(10, 30, (1,), generator=g)), int(torch.randint(1, 7, (1,), generator=g))
+        lengths.append(n)
+        blocks.append(torch.randint(0, 12, (k,), generator=g).tolist())
+    stops = Stops.of(criteria)
+    fast = block_stops(stops, lengths, blocks)
+    for n, toks, got in zip(lengths, blocks, fast):
+        seq = torch.tensor([list(range(n)) + toks])
+        assert got == first_stop(stops, seq, n), (n, toks)
+    user = Stops.of(StoppingCriteriaList([_Never()]))
+    assert block_stops(user, [2], [[1]]) is None  # a criterion of the user's sees every prefix, row by row
+
+
+class _Never(StoppingCriteria):
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+
+
+@needs_cuda
+@pytest.mark.parametrize("batch", [1, 3])
+def test_switches_under_cuda_graphs_keep_generate_tokens(monkeypatch, batch):
+    """The same scripted switches as above, each step a captured CUDA graph (the draft launched ahead of the host
+    read is dropped when the tree changes), then the same call again, replaying what the first captured."""
+    from eagle_mm.decode import loop
+
+    _Scripted.script = [TreeConfig(3, 3, 8), TreeConfig.none(), TreeConfig.chain(2), TreeConfig.none(),
+                        TreeConfig(4, 2, 6)]
+    monkeypatch.setattr(loop, "Session", _Scripted)
+    model = tiny_model("llama").cuda()
+    ids = prompt(9, batch=batch, seed=5).cuda()
+    head = em.EagleHead.from_target(model).cuda()
+    kw = _ragged(model, ids, 30) if batch > 1 else dict(max_new_tokens=30, do_sample=False)
+    ref = model.generate(ids, **kw)
+    for _ in range(2):
+        out = em.speculative_generate(model, head, ids, return_dict_in_generate=True, **kw)
+        assert out.stats.mode == "graphs" and torch.equal(out.sequences, ref)
+
+
+@needs_cuda
+def test_the_probe_times_the_steps_on_cuda():
+    """Timings are not asserted (only what was measured), nor left behind: the engine's own state is untouched."""
+    from eagle_mm.decode.costs import probe
+    from eagle_mm.decode.draft import DraftSampler
+    from eagle_mm.target.features import FeatureCapture
+    from eagle_mm.target.parts import resolve_target
+    from transformers import LogitsProcessorList
+    from transformers.generation import logits_process as lp
+
+    model = tiny_model("llama").cuda()
+    head = em.Eagle3Head.from_target(model).cuda()
+    head.attach(model)
+    parts = resolve_target(model)
+    warpers = LogitsProcessorList([lp.TemperatureLogitsWarper(0.8), lp.TopPLogitsWarper(0.9)])
+    with FeatureCapture(parts, head.feature_layers(parts.num_layers)) as cap, torch.no_grad():
+        for sampler in (None, DraftSampler.from_processors(warpers, head, None, 8)):
+            costs = probe(model, head, cap, 4, device=torch.device("cuda"), sampler=sampler, graphs=True)
+            assert [q for q, _ in costs.verify][:4] == [1, 2, 4, 8] and [k for k, *_ in costs.draft] == [1, 8]
+            assert all(s > 0 for _, s in costs.verify) and costs.advance > 0
+    ids = prompt(9).cuda()
+    out = em.speculative_generate(model, head, ids, max_new_tokens=16, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, model.generate(ids, max_new_tokens=16, do_sample=False))
