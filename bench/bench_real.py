@@ -246,7 +246,7 @@ def identity_phase(run: Run) -> None:
 def load(args):
     """(model, tokenizer, head, meta) on the chosen device and dtype."""
     from eagle_mm import Eagle3Head, load_head
-    from eagle_mm.target.gguf import converted_dir, load_gguf
+    from eagle_mm.hf.gguf import converted_dir, load_gguf
     from eagle_mm.zoo import smollm2
     from eagle_mm.zoo.registry import model_dir
 

@@ -82,7 +82,7 @@ def place(args, dtype: torch.dtype, work: Path):
 
 def placement(model, aux: tuple[int, ...]) -> dict:
     """Where the embeddings, layers and captured states compute, and which modules are offloaded."""
-    from eagle_mm.target.parts import execution_device, resolve_target
+    from eagle_mm.hf.parts import execution_device, resolve_target
 
     parts = resolve_target(model)
     layers = [str(execution_device(m)) for m in parts.layers]
@@ -106,7 +106,7 @@ def _free() -> None:
 
 def run_dtype(args, dtype: torch.dtype, work: Path) -> dict:
     import eagle_mm as em
-    from eagle_mm.target.parts import execution_device
+    from eagle_mm.hf.parts import execution_device
 
     logger.info("%s: building and placing the target", dtype)
     model, place_s = place(args, dtype, work)

@@ -1,4 +1,4 @@
-"""transformers', accelerate's and torch's private names are read in one place: the adapter, eagle_mm/target/.
+"""transformers', accelerate's and torch's private names are read in one place: the adapter, eagle_mm/hf/.
 
 ``PRIVATE`` lists every such name the adapter uses. A test fails when one of them, or any other private name of a
 dependency, appears outside the adapter: it then belongs in the adapter (with a line here), not beside the code
@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "eagle_mm"
-ADAPTER = ROOT / "target"
+ADAPTER = ROOT / "hf"
 
 # name -> whose it is and what it holds
 PRIVATE = {
@@ -105,13 +105,13 @@ def _offences(path: Path, own: set[str]) -> list[str]:
 def test_no_private_name_outside_the_adapter():
     own = _own_names() - set(PRIVATE)
     bad = [b for path in _files(inside=False) for b in _offences(path, own)]
-    assert not bad, "private names of transformers, accelerate or torch outside eagle_mm/target/:\n" + "\n".join(bad)
+    assert not bad, "private names of transformers, accelerate or torch outside eagle_mm/hf/:\n" + "\n".join(bad)
 
 
 def test_the_list_is_what_the_adapter_uses():
     """Every listed name is used in the adapter (a name it no longer needs leaves the list)."""
     used = {name for path in _files(inside=True) for _, name in _names_used(path)}
-    assert not set(PRIVATE) - used, f"listed but not used in eagle_mm/target/: {sorted(set(PRIVATE) - used)}"
+    assert not set(PRIVATE) - used, f"listed but not used in eagle_mm/hf/: {sorted(set(PRIVATE) - used)}"
 
 
 def test_the_scan_finds_a_private_name(tmp_path):

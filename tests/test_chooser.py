@@ -211,8 +211,8 @@ def test_the_probe_leaves_the_global_random_state_alone():
 
     from eagle_mm.decode.costs import probe
     from eagle_mm.decode.draft import DraftSampler
-    from eagle_mm.target.features import FeatureCapture
-    from eagle_mm.target.parts import resolve_target
+    from eagle_mm.hf.features import FeatureCapture
+    from eagle_mm.hf.parts import resolve_target
 
     model = tiny_model("llama")
     head = em.Eagle3Head.from_target(model)
@@ -443,8 +443,8 @@ def test_the_probe_times_the_steps_on_cuda():
     """Timings are not asserted (only what was measured), nor left behind: the engine's own state is untouched."""
     from eagle_mm.decode.costs import probe
     from eagle_mm.decode.draft import DraftSampler
-    from eagle_mm.target.features import FeatureCapture
-    from eagle_mm.target.parts import resolve_target
+    from eagle_mm.hf.features import FeatureCapture
+    from eagle_mm.hf.parts import resolve_target
     from transformers import LogitsProcessorList
     from transformers.generation import logits_process as lp
 

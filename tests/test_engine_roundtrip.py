@@ -16,8 +16,8 @@ import torch
 from eagle_mm import Eagle3Config, Eagle3Head
 from eagle_mm.export import export_head, export_notes, load_exported
 from eagle_mm.heads.aux_ids import FIRST_ID, PLUS_ONE, engine_ids
-from eagle_mm.target.features import FeatureCapture
-from eagle_mm.target.parts import resolve_target
+from eagle_mm.hf.features import FeatureCapture
+from eagle_mm.hf.parts import resolve_target
 from tests import engine_oracles as oracles
 from tests.tiny import prompt, tiny_model
 

@@ -8,7 +8,7 @@ import torch
 import transformers as tf
 
 import eagle_mm as em
-from eagle_mm.target.parts import SUPPORTED_VLMS, resolve_target
+from eagle_mm.hf.parts import SUPPORTED_VLMS, resolve_target
 from tests.tiny import module_hooks, prompt, tiny_model
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle_mm.target.parts import resolve_target
-from eagle_mm.target.features import FeatureCapture
+from eagle_mm.hf.parts import resolve_target
+from eagle_mm.hf.features import FeatureCapture
 from tests.tiny import module_hooks, prompt, tiny_model
 
 N = 6  # layers of the tiny models

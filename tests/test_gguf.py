@@ -10,7 +10,7 @@ import torch
 
 import eagle_mm as em
 from eagle_mm.cli.main import main
-from eagle_mm.target import gguf as gg
+from eagle_mm.hf import gguf as gg
 from tests.gguf_files import tiny_gguf
 
 

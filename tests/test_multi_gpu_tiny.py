@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from bench import bench_multi_gpu, bench_split
-from eagle_mm.target.parts import execution_device, resolve_target
-from eagle_mm.target.features import FeatureCapture
+from eagle_mm.hf.parts import execution_device, resolve_target
+from eagle_mm.hf.features import FeatureCapture
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -84,7 +84,7 @@ def test_left_padded_batch_with_different_images_per_row(family):
 @pytest.mark.parametrize("family", QWEN)
 def test_qwen_rope_offsets_are_the_models_rope_deltas(family):
     """For prompts ending in text, text position + offset is the model's own rope_deltas rule, on every axis."""
-    from eagle_mm.target.multimodal import ImagePrompt, rope_offsets
+    from eagle_mm.hf.multimodal import ImagePrompt, rope_offsets
 
     tiny = tiny_vlm(family)
     inputs = tiny.inputs([[[5], "img", [6, 7], "img", [8]], [[9, 10], "img", [11]]],

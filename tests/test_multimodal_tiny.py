@@ -16,7 +16,7 @@ import transformers as tf
 from PIL import Image
 
 import eagle_mm as em
-from eagle_mm.target.parts import SUPPORTED_VLMS, resolve_target
+from eagle_mm.hf.parts import SUPPORTED_VLMS, resolve_target
 
 V = 96
 IMG, START, END = V - 1, V - 2, V - 3  # image placeholder, begin- and end-of-image tokens
@@ -237,7 +237,7 @@ def test_features_are_what_each_decoder_layer_reads(family):
     """Every index, 0 (the merged text + image embeddings) to N, equals HF's hidden_states of a forward with an
     image, except that Qwen3-VL's features hold its deepstack image features (the input of the next layer, as
     vLLM captures them); input_embeds=True keeps index 0 apart."""
-    from eagle_mm.target.features import FeatureCapture
+    from eagle_mm.hf.features import FeatureCapture
 
     needs_working_forward(family)
     tiny = tiny_vlm(family)

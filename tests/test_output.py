@@ -48,7 +48,7 @@ def test_the_output_is_generates_output_class(model_and_head):
     assert cache is None and out.attentions is None and out.hidden_states is None
 
 
-@pytest.mark.compat  # reads a private detail of generate (target/streamer.py)
+@pytest.mark.compat  # reads a private detail of generate (hf/streamer.py)
 def test_custom_generate_streams_the_streamer_given_to_generate(model_and_head):
     model, head = model_and_head
     ids = prompt(5)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import eagle_mm
-from eagle_mm.target.parts import resolve_target
-from eagle_mm.target.features import FeatureCapture
+from eagle_mm.hf.parts import resolve_target
+from eagle_mm.hf.features import FeatureCapture
 from eagle_mm.heads import Eagle3Head, EagleHead
 from tests.tiny import prompt, tiny_model
 

@@ -11,7 +11,7 @@ import torch
 import eagle_mm as em
 from eagle_mm import zoo
 from eagle_mm.config import Eagle3Config
-from eagle_mm.target.parts import resolve_target
+from eagle_mm.hf.parts import resolve_target
 from eagle_mm.zoo import scenes_data as sd
 from eagle_mm.zoo.scenes_tiny import HEADS, build, toy_config
 
@@ -134,7 +134,7 @@ def test_the_blind_ablation_zeroes_the_image_positions_features(loaded, monkeypa
 
 
 def test_hide_image_features_names_bad_input():
-    from eagle_mm.target.multimodal import hide_image_features
+    from eagle_mm.hf.multimodal import hide_image_features
 
     feats = torch.ones(1, 4, 6)
     ids = torch.tensor([[1, 9, 9, 2]])

@@ -155,7 +155,7 @@ def test_a_vlm_target_trains_on_image_rows_and_the_head_decodes_losslessly(work)
 
 def test_online_batches_carry_the_merged_embeddings(work):
     """With images the batch's head inputs are the target's layer-0 input: image features at image positions."""
-    from eagle_mm.target.parts import resolve_target
+    from eagle_mm.hf.parts import resolve_target
     from eagle_mm.train.loop import _batch
 
     model, processor = work["model"], work["processor"]

@@ -319,7 +319,7 @@ def _load(args: argparse.Namespace):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..heads.io import load_head
-    from ..target.gguf import model_source
+    from ..hf.gguf import model_source
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dtype is None:

@@ -51,7 +51,7 @@ def run_export(args: argparse.Namespace) -> int:
         if args.target is not None:
             from transformers import AutoConfig  # here, so `eagle-mm --help` stays fast
 
-            from ..target.gguf import model_source
+            from ..hf.gguf import model_source
 
             target_config = AutoConfig.from_pretrained(model_source(args.target), local_files_only=True)
         head = load_head(head_dir)

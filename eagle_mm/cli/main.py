@@ -84,7 +84,7 @@ def _load_for_generate(args: argparse.Namespace):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import eagle_mm
-    from ..target.gguf import model_source
+    from ..hf.gguf import model_source
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = args.dtype

@@ -53,7 +53,7 @@ def check_model_dir(path: str, flag: str = "--target", head_flag: str = "--head"
     head's directory, with the flag that takes it (``head_flag``). A ``.gguf`` file needs the gguf package: its
     absence is named here, with the install command.
     """
-    from ..target.gguf import gguf_problem, is_gguf
+    from ..hf.gguf import gguf_problem, is_gguf
 
     if is_gguf(path):
         return gguf_problem(path, flag)

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from ..config import TreeConfig
-from ..target.compat import cache_kwarg, output_cache
-from ..target.features import FeatureCapture
-from ..target.parts import resolve_target
+from ..hf.compat import cache_kwarg, output_cache
+from ..hf.features import FeatureCapture
+from ..hf.parts import resolve_target
 from ..kernels.reference import greedy_accept
 from .acceptance import Acceptance
 from .draft import HeadCache, draft_candidates, head_cache, scratch_slots, with_scratch

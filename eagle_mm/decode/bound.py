@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..heads.base import DraftHead
-from ..target.dynamo import versions
+from ..hf.dynamo import versions
 
 __all__ = ["stamp", "head_copy"]
 

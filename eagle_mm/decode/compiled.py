@@ -40,9 +40,9 @@ from pathlib import Path
 
 import torch
 
-from ..target.dynamo import aot_compile, compiler_failure, inductor_cache_dir, is_static, load_compiled, \
+from ..hf.dynamo import aot_compile, compiler_failure, inductor_cache_dir, is_static, load_compiled, \
     module_hooks, savable_guards, serialized
-from ..target.generation import attention_implementation
+from ..hf.generation import attention_implementation
 from .signature import Signature, alive
 
 logger = logging.getLogger(__name__)

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from ..config import TreeConfig
-from ..target.cache import set_pointers
-from ..target.compat import cache_kwarg
-from ..target.parts import resolve_target
+from ..hf.cache import set_pointers
+from ..hf.compat import cache_kwarg
+from ..hf.parts import resolve_target
 from .accept import accept
 from .draft import head_entries, scratch_slots
 from .graphs import OwnGraph

@@ -23,10 +23,10 @@ from collections import OrderedDict
 
 import torch
 
-from ..target.compat import cache_kwarg
-from ..target.features import FeatureCapture
+from ..hf.compat import cache_kwarg
+from ..hf.features import FeatureCapture
 from ..heads.base import PerTarget
-from ..target.parts import execution_device, resolve_target
+from ..hf.parts import execution_device, resolve_target
 from .bound import head_copy, stamp
 from .draft import scratch_slots
 from .masks import layer_kinds

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 from ..config import TreeConfig
-from ..target.generation import SORTED_RULES, top_k_of
+from ..hf.generation import SORTED_RULES, top_k_of
 from .processors import apply_input_free, reads_input_ids
 from .sampling import draft_noise, sample_children, sibling_scores
 from .tree import Tree, select_tree

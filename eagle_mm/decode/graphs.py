@@ -38,7 +38,7 @@ from collections import OrderedDict
 
 import torch
 
-from ..target.dynamo import is_static
+from ..hf.dynamo import is_static
 from .signature import Signature, alive
 
 logger = logging.getLogger(__name__)

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import torch
 
 from ..config import TreeConfig, bound_tree
-from ..target.generation import pad_token_id
-from ..target.multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
+from ..hf.generation import pad_token_id
+from ..hf.multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
     verify_positions
-from ..target.features import FeatureCapture
-from ..target.parts import resolve_target
+from ..hf.features import FeatureCapture
+from ..hf.parts import resolve_target
 from .accept import accept
 from .autotree import calibrate_acceptance
 from .chooser import MAX_TOP_K, Session, setting_of
@@ -101,7 +101,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     """The speculative loop in the signature of transformers' ``custom_generate`` callables.
 
     ``model.generate(..., custom_generate=eagle_mm.custom_generate, head=head)`` runs it, ``streamer=`` included
-    (transformers does not pass it to such callables; ``target.streamer`` reads it from ``generate``), and chooses
+    (transformers does not pass it to such callables; ``hf.streamer`` reads it from ``generate``), and chooses
     how the steps run with ``eagle_cache_implementation=`` / ``eagle_compile=`` (see ``speculative_generate``).
     """
     streamer = call_streamer(model, eagle_streamer, input_ids)

@@ -13,8 +13,8 @@ from transformers import StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ..config import TreeConfig
-from ..target.generation import attention_implementation, placement_devices
-from ..target.streamer import generate_streamer
+from ..hf.generation import attention_implementation, placement_devices
+from ..hf.streamer import generate_streamer
 from .runner import COMPILE_MODES, CUDA_GRAPH_MODES
 
 logger = logging.getLogger(__name__)

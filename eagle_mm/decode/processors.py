@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..target.generation import INPUT_FREE, LENGTH_ONLY, ROW_WISE, for_row, min_length_rule
+from ..hf.generation import INPUT_FREE, LENGTH_ONLY, ROW_WISE, for_row, min_length_rule
 
 __all__ = ["CallRows", "process_tree_logits", "apply_input_free", "reads_input_ids", "reads_tokens", "needs_call_batch",
            "node_paths"]

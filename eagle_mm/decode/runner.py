@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from functools import partial
 
-from ..target.cache import layer_rows, pointers, set_pointers
+from ..hf.cache import layer_rows, pointers, set_pointers
 from .compiled import DiskCompiled
 from .graphs import OwnGraph, nothing_to_undo
 from .steps import accept_step, advance_step, draft_step, prefill_step, update_step, verify_step

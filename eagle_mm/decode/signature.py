@@ -8,7 +8,7 @@ import weakref
 
 import torch
 
-from ..target.dynamo import is_static
+from ..hf.dynamo import is_static
 
 __all__ = ["Signature", "alive", "by_value"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..target.cache import keep_slots, set_pointers
+from ..hf.cache import keep_slots, set_pointers
 from .accept import accept
 from .draft import draft_candidates, head_entries, node_q
 from .masks import tree_masks

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..target.generation import split_criteria
+from ..hf.generation import split_criteria
 
 __all__ = ["Stops", "first_stop", "block_stops"]
 

@@ -2,7 +2,7 @@
 CUDA graph (``runner.py``), and the same buffers eagerly wherever graphs cannot run.
 
 Every cycle runs the same shapes: the tree always has ``total_tokens + 1`` nodes (``select_tree`` keeps exactly that
-many), the target's KV cache is an HF ``Cache`` of static layers of a fixed length L (``target/cache.py``), the
+many), the target's KV cache is an HF ``Cache`` of static layers of a fixed length L (``hf/cache.py``), the
 verify mask is (B, 1, Q, L), the kept path is always written as D+1 slots (those past the accepted length are padding
 that the next cycle overwrites), and the head's cache is a fixed buffer with scratch slots for the draft steps.
 Sliding-window and chunked layers are stored in full; the mask applies their rule. The head's slots follow the
@@ -33,9 +33,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..target.cache import cache_slots, cache_view, filled_layers, grown, grown_cache, layer_rows, static_cache, \
+from ..hf.cache import cache_slots, cache_view, filled_layers, grown, grown_cache, layer_rows, static_cache, \
     static_rows
-from ..target.dynamo import mark_static
+from ..hf.dynamo import mark_static
 from .draft import HeadCache, scratch_slots
 
 __all__ = ["Storage", "Target", "Buffers", "plan", "prefill_length", "cache_length", "first_length"]

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..target.parts import TargetParts, resolve_target
+from ..hf.parts import TargetParts, resolve_target
 from .layers import rope_cos_sin, rope_inv_freq
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..target.parts import execution_device
+from ..hf.parts import execution_device
 from ..config import EagleConfig
 from .base import DraftHead, register_head_kind
 from .layers import MLP, Attention, RMSNorm
@@ -49,7 +49,7 @@ class EagleHead(DraftHead):
     @classmethod
     def from_target(cls, model: nn.Module, **overrides) -> "EagleHead":
         """A freshly initialised head shaped for ``model`` (its text config's sizes); fields can be overridden."""
-        from ..target.parts import resolve_target
+        from ..hf.parts import resolve_target
 
         parts = resolve_target(model)
         tc = parts.text_config

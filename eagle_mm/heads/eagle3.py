@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..target.parts import execution_device
+from ..hf.parts import execution_device
 from ..config import Eagle3Config
 from .base import DraftHead, register_head_kind
 from .layers import MLP, Attention, RMSNorm
@@ -69,7 +69,7 @@ class Eagle3Head(DraftHead):
     @classmethod
     def from_target(cls, model: nn.Module, aux_layers=None, draft_vocab_size=None, **overrides) -> "Eagle3Head":
         """A freshly initialised head shaped for ``model``'s text config (a VLM's language model)."""
-        from ..target.parts import resolve_target
+        from ..hf.parts import resolve_target
 
         parts = resolve_target(model)
         tc = parts.text_config

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..target.parts import execution_device
+from ..hf.parts import execution_device
 from ..config import Eagle3Config, EagleConfig, TreeConfig
 from .aux_ids import aux_from_engine, aux_notes, check_aux, engine_ids, engine_of, export_aux, sglang_rule
 from .base import DraftHead, Layout, get_layout, head_class, register_layout

@@ -23,7 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..target.parts import execution_device, resolve_target
+from ..hf.parts import execution_device, resolve_target
 from ..config import Eagle3Config, EagleConfig
 from .atomic import atomic_dir, check_sha256, file_sha256
 from .base import DraftHead, Layout, claiming_layout, head_class, register_layout

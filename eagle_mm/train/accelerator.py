@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from ..target.accelerate import drop_other_precision
+from ..hf.accelerate import drop_other_precision
 
 __all__ = ["make_accelerator"]
 

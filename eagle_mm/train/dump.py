@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..target.parts import execution_device, resolve_target
+from ..hf.parts import execution_device, resolve_target
 from ..config import Eagle3Config
 from .accelerator import make_accelerator
 from .config import TrainConfig

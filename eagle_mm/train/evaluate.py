@@ -5,7 +5,7 @@ import dataclasses
 
 import torch
 
-from ..target.parts import execution_device
+from ..hf.parts import execution_device
 from ..config import TreeConfig
 from ..decode.loop import speculative_generate
 from .data import PER_TOKEN_INPUTS

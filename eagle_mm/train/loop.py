@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..target.parts import resolve_target
+from ..hf.parts import resolve_target
 from ..heads import Eagle3Head, EagleHead
 from ..heads.io import load_head
-from ..target.multimodal import hide_image_features
+from ..hf.multimodal import hide_image_features
 from .accelerator import make_accelerator
 from .checkpoint import check_resumable, list_checkpoints, resolve_resume, save_checkpoint
 from .config import VARIANTS, TrainConfig

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..target.parts import execution_device
+from ..hf.parts import execution_device
 from .data import _render, has_images
 
 __all__ = ["regenerate_rows"]

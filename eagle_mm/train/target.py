@@ -1,7 +1,7 @@
 """The frozen target during training: loading it (whole, or only its embeddings for dumped features),
-and the no-grad forward that yields the head's input features through ``eagle_mm.target.features.FeatureCapture``.
+and the no-grad forward that yields the head's input features through ``eagle_mm.hf.features.FeatureCapture``.
 
-A target path is a model folder or a GGUF file (read through its converted folder, ``eagle_mm.target.gguf``).
+A target path is a model folder or a GGUF file (read through its converted folder, ``eagle_mm.hf.gguf``).
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..target.features import FeatureCapture
-from ..target.gguf import model_source
-from ..target.parts import execution_device, resolve_target
+from ..hf.features import FeatureCapture
+from ..hf.gguf import model_source
+from ..hf.parts import execution_device, resolve_target
 
 __all__ = ["load_tokenizer", "load_processor", "load_target", "load_target_embeddings", "target_features",
            "target_logits"]

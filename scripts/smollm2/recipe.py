@@ -148,7 +148,7 @@ def _versions() -> dict:
 
 
 def run(args) -> dict:
-    from eagle_mm.target.gguf import load_gguf
+    from eagle_mm.hf.gguf import load_gguf
 
     start = time.perf_counter()
     deadline = start + args.budget
