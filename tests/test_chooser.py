@@ -1,6 +1,7 @@
 """The default call's tree from measured costs: the acceptance model, the choice, the cost file, the no-tree path."""
 from __future__ import annotations
 
+import collections
 import json
 from types import SimpleNamespace
 
@@ -293,7 +294,7 @@ class _Scripted:
     def start(cls, chooser, **kw):
         return cls()
 
-    def next_tree(self, batch, stats, setup):
+    def next_tree(self, batch, stats, setup, remaining=None, generation=None):
         self.i += 1
         self.tree = self.script[self.i % len(self.script)]
         return self.tree
@@ -372,6 +373,59 @@ def test_acceptance_moving_makes_the_choice_again(stand_in, monkeypatch):
         stats.time_verify += 1e-3
     assert tree != first and s.choices[-1].why == "acceptance or costs moved", [str(x) for x in s.choices]
     assert tree.fits(s.capacity) and tree.depth > first.depth  # a head that is right more often: deeper
+
+
+def test_the_capacity_holds_every_candidate_whatever_the_acceptance(stand_in):
+    """Calls of one batch size their buffers alike: a capacity that followed the fitted acceptance grew from call to
+    call, and each new size allocated new buffers (and captured every step again)."""
+    stand_in.verify = lambda q: 1e-3 + 2e-4 * q  # each verified token costs a fifth of the forward
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    kw = dict(model=model, head=head, cap=None, batch=4, gen=SimpleNamespace(do_sample=False),
+              sampler=None, mode=None, max_depth=8, max_top_k=96, shrinks=True)
+    c.acceptance_for(("greedy", None)).observe(TreeConfig.chain(2), 4000, [1600, 300])  # a weak head so far
+    weak = Session.start(c, **kw)
+    c.acceptance_for(("greedy", None)).observe(TreeConfig.chain(4), 80000, [79000, 78000, 77000, 76000])
+    strong = Session.start(c, **kw)
+    assert strong.tree != weak.tree and strong.capacity == weak.capacity
+    assert all(t.fits(weak.capacity) for t in candidate_trees(8, 8))
+
+
+def _graph_session(stand_in, remaining: int):
+    """A session whose steps replay as CUDA graphs (captures cost ``capture`` seconds), at batch 1."""
+    stand_in.verify = lambda q: 1e-3 + 2e-4 * q
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    s = Session.start(c, model=model, head=head, cap=None, batch=1, gen=SimpleNamespace(do_sample=False),
+                      sampler=None, mode=None, max_depth=8, max_top_k=96, shrinks=True)
+    s.captures, s.remaining = True, remaining
+    return c, s
+
+
+@pytest.mark.parametrize("remaining", [8, 100000])
+def test_a_tree_new_at_a_batch_must_pay_for_its_capture(stand_in, remaining):
+    """Where the steps replay as CUDA graphs, the held tree stays unless another finishes the tokens left sooner by
+    more than its capture costs: a few tokens never pay for one, many do."""
+    c, s = _graph_session(stand_in, remaining)
+    ranked = s.rank(1)
+    held = next(f for f in ranked[1:] if f.tree.drafts and f.tokens_per_second < 0.9 * ranked[0].tokens_per_second)
+    c.hold(s.kind, 1, held.tree)
+    c.captures[s.kind] = collections.deque([0.2])  # a capture watched: 0.2 s
+    c.last.clear()
+    chosen = s._choose(1, "first").tree
+    assert chosen == (held.tree if remaining == 8 else ranked[0].tree)
+
+
+def test_the_held_graphs_follow_the_storage_and_the_runners_limit(stand_in):
+    c, s = _graph_session(stand_in, 100)
+    c.sync(1)
+    for b in range(chooser_mod.MAX_GRAPHS + 2):
+        c.hold(s.kind, b + 1, TreeConfig.chain(2))
+    assert len(c.held) == chooser_mod.MAX_GRAPHS and (s.kind, 1, TreeConfig.chain(2)) not in c.held
+    c.sync(2)  # new memory: its graphs are captured anew
+    assert not c.held
 
 
 def test_compiled_calls_keep_their_tree(stand_in):
@@ -461,3 +515,21 @@ def test_the_probe_times_the_steps_on_cuda():
     ids = prompt(9).cuda()
     out = em.speculative_generate(model, head, ids, max_new_tokens=16, return_dict_in_generate=True)
     assert torch.equal(out.sequences, model.generate(ids, max_new_tokens=16, do_sample=False))
+
+
+@needs_cuda
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
+def test_repeated_default_calls_capture_nothing_new(do_sample):
+    """Calls of one shape replay what the first ones captured: the chooser keeps the buffers' size and weighs a
+    capture against the tokens left, so that repeating a call never captures again (it used to, call after call,
+    as the capacity and the trees at each batch moved with the fitted acceptance)."""
+    model = tiny_model("llama").cuda()
+    ids = prompt(9, batch=4, seed=6).cuda()
+    head = em.EagleHead.from_target(model).cuda()
+    kw = dict(max_new_tokens=40, min_new_tokens=40, do_sample=do_sample)
+    dec = em.decoder(model, head)
+    seen = []
+    for _ in range(5):
+        out = em.speculative_generate(model, head, ids, return_dict_in_generate=True, **kw)
+        seen.append((dec.runner.captures, dec.storage.generation, out.stats.time_compile))
+    assert seen[-1][:2] == seen[-2][:2] == seen[-3][:2] and seen[-1][2] == 0.0, seen

@@ -460,7 +460,7 @@ class _Picks:
     def start(cls, chooser, **kw):
         return cls()
 
-    def next_tree(self, batch, stats, setup):
+    def next_tree(self, batch, stats, setup, remaining=None, generation=None):
         return self.tree
 
     def finish(self, stats, setup):

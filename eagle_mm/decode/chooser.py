@@ -10,8 +10,14 @@ tree can pay, the call decodes as ``generate`` does, through the same captured s
 One ``Chooser`` per decoder (model, head, device: ``Decoder.chooser``) keeps the costs, the acceptance per decoding
 setting, and for compiled calls the tree each batch size got, whether greedy or sampled (a new tree shape would be
 a new compile). A ``Session`` is one call: its first tree,
-the capacity its buffers are sized for (the largest tree it may switch to), and the choice made again when the
-batch shrinks (rows finish) or the fitted acceptance moves the best tree clearly past the one running.
+the capacity its buffers are sized for (every tree it may switch to: the same for every call of a batch, so that
+later calls reuse the buffers and the graphs captured on them), and the choice made again when the batch shrinks
+(rows finish) or the fitted acceptance moves the best tree clearly past the one running.
+
+Where the steps replay as CUDA graphs, a tree not yet captured at a batch costs its capture once (measured: the
+seconds the cycles that captured took beyond the steps). The choice weighs it against what the tree would save on
+the tokens left: a tree runs at a new batch or replaces the running one only where it pays for its capture within
+the call. The chooser mirrors which (batch, tree) the runner holds graphs for (``graphs.MAX_GRAPHS`` per step).
 """
 from __future__ import annotations
 
@@ -22,9 +28,10 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import TreeConfig
-from .acceptance import Acceptance, expected_lengths
+from .acceptance import Acceptance
 from .cost_cache import CostFile, cost_key, decode_kind, entry_name
 from .costs import CycleCosts, cycle_seconds, probe
+from .graphs import MAX_GRAPHS
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +44,7 @@ _SWITCH = 1.05  # within a call, a new tree must promise this much more than the
 _REFIT_SECONDS = 0.5  # within a call, the choice is reviewed (acceptance fitted again) at most this often
 _REFIT_CYCLES = 16  # ... and after this many cycles
 _FINALISTS = 3
-_HEADROOM = 0.2  # the capacity also holds the tree for a head this much better (in a and t) than fitted
+_CAPTURE_PRIOR = 0.05  # seconds a tree's capture at a new batch is taken to cost before one has been watched
 _SAMPLED_BYTES = 1 << 30  # a sampled tree's proposals (batch x nodes x vocabulary, fp32) stay within this
 
 
@@ -119,6 +126,30 @@ class Chooser:
         self.kept: dict[tuple, TreeConfig] = {}
         self.capacity: dict[tuple, TreeConfig] = {}  # (batch, kind) -> the capacity calls sized their buffers for
         self.last: dict[tuple, TreeConfig] = {}  # (batch, kind, setting) -> the tree chosen there last
+        # CUDA graphs: the (kind, batch, tree) the runner holds graphs for, oldest first (its steps keep MAX_GRAPHS
+        # signatures each), valid for the storage generation they were captured on; what captures took (seconds).
+        self.held: collections.OrderedDict = collections.OrderedDict()
+        self.generation = None
+        self.captures: dict[str, collections.deque] = {}
+
+    def sync(self, generation) -> None:
+        """The decoder's storage is at ``generation``: graphs captured on an earlier one went with its memory."""
+        if generation != self.generation:
+            self.held.clear()
+            self.generation = generation
+
+    def hold(self, kind: str, batch: int, tree: TreeConfig) -> None:
+        """``tree`` runs (is captured, or replayed) at ``batch``: the runner holds its graphs, the newest."""
+        key = (kind, batch, tree)
+        self.held[key] = None
+        self.held.move_to_end(key)
+        while len(self.held) > MAX_GRAPHS:
+            self.held.popitem(last=False)
+
+    def capture_seconds(self, kind: str) -> float:
+        """What a tree's capture at a new batch costs: the median of those watched, a prior before any."""
+        seen = self.captures.get(kind)
+        return statistics.median(seen) if seen else _CAPTURE_PRIOR
 
     def acceptance_for(self, setting: tuple) -> Acceptance:
         return self.acceptance.setdefault(setting, Acceptance())
@@ -182,13 +213,16 @@ class Session:
     idle: bool = False  # the call started without a tree: the head has no entries, nothing can be drafted
     _stale: bool = False  # the cycle just observed drafted from a head left as it was by cycles without a tree
     _steps: dict = field(default_factory=dict)  # (batch, tree) -> the probed steps' seconds per cycle
+    captures: bool = False  # the steps replay as CUDA graphs: a tree new at a batch costs its capture
+    remaining: int = 0  # new tokens per row the call has left to decode (at most)
 
     @classmethod
     def start(cls, chooser: Chooser, *, model, head, cap, batch: int, gen, sampler, mode, max_depth: int,
               max_top_k: int, shrinks: bool, mrope: bool = False) -> "Session":
         """Measure what is missing (this batch, and 1 when rows may finish), choose, size the capacity. ``shrinks``:
         the call goes on with fewer rows as they finish (else it keeps its tree: compiled steps). ``mode``: how the
-        call's steps run (``options.choose_mode``): the costs are probed as CUDA graphs where it captures them."""
+        call's steps run (``options.choose_mode``): the costs are probed as CUDA graphs where it captures them.
+        ``max_depth``: the new tokens the call decodes (the first choice weighs captures against them)."""
         graphs = mode is not None and chooser.device.type == "cuda"
         chooser.measure(model, head, cap, sorted({batch, 1} if shrinks else {batch}), sampler, graphs, mrope)
         setting = setting_of(gen)
@@ -198,7 +232,8 @@ class Session:
         if sampler is not None:  # a sampled tree keeps each node's proposal over the vocabulary: bound its memory
             most = _SAMPLED_BYTES // (4 * batch * sampler.vocab_size) - 1
             trees = [t for t in trees if t.total_tokens <= most]
-        s = cls(chooser, acceptance, chooser.table(kind), kind, trees, mode, setting, sampler=sampler)
+        s = cls(chooser, acceptance, chooser.table(kind), kind, trees, mode, setting, sampler=sampler,
+                captures=mode == "graphs" and chooser.device.type == "cuda", remaining=max_depth)
         key = (batch, mode)
         if not shrinks and chooser.kept.get(key) in trees:  # compiled steps: the tree they were compiled for
             s.tree = s.capacity = chooser.kept[key]
@@ -213,15 +248,12 @@ class Session:
         if not shrinks:  # compiled steps: sized for the tree they are compiled for, which the call keeps
             s.capacity = chooser.kept[key] = first.tree
             return s
-        # The buffers are sized once: for the trees the smaller batches would get as rows finish, and for the one a
-        # head doing better than fitted so far would get (so that the choice can grow within the call).
-        a, t = acceptance.fit()
-        hopeful = expected_lengths(min(a + _HEADROOM, 0.99), min(t + _HEADROOM, 0.9), trees)
-        sizes = [batch >> i for i in range(1, batch.bit_length())]
-        # Never smaller than an earlier call's: the buffers (and the graphs captured on them) are kept between calls.
+        # The buffers hold every candidate tree, whatever the acceptance: every call of this batch and kind sizes
+        # them alike, so that it reuses the buffers and the graphs captured on them (a capacity that followed the
+        # fitted acceptance grew from call to call, and each new size captured every step again). Never smaller than
+        # an earlier call's (one of fewer new tokens has shallower candidates).
         held = chooser.capacity.get((batch, kind), TreeConfig.none())
-        s.capacity = chooser.capacity[(batch, kind)] = _envelope(
-            [held, first.tree, s.rank(batch, lengths=hopeful)[0].tree] + [s.rank(b)[0].tree for b in sizes])
+        s.capacity = chooser.capacity[(batch, kind)] = _envelope([held, first.tree] + trees)
         return s
 
     def rank(self, batch: int, lengths: dict | None = None) -> list[Finalist]:
@@ -232,14 +264,31 @@ class Session:
             lengths = self.acceptance.expected_lengths(trees)
         return self.chooser.rank(lengths, self.table, self.kind, batch)
 
+    def _charge(self, batch: int):
+        """tree -> the seconds its capture at ``batch`` would add to the call (0 where the graphs are held, or the
+        steps are not captured)."""
+        if not self.captures:
+            return lambda tree: 0.0
+        c = self.chooser
+        cost = c.capture_seconds(self.kind)
+        return lambda tree: 0.0 if (self.kind, batch, tree) in c.held else cost
+
+    def _seconds_left(self, batch: int, remaining: int):
+        """Finalist -> the seconds the call's ``remaining`` tokens per row would take with its tree, its capture
+        included."""
+        charge = self._charge(batch)
+        return lambda f: remaining * f.cycle_seconds / f.accept_length + charge(f.tree)
+
     def _choose(self, batch: int, why: str, cycle: int = 0) -> TreeChoice:
-        """The best tree at ``batch``; the one the last call chose at this batch while it is within ``_SWITCH`` of
-        the best (another tree shape is another graph to capture, or to compile)."""
+        """The tree that finishes the call's remaining tokens soonest at ``batch``, its capture included; the one the
+        last call chose at this batch while it is within ``_SWITCH`` of it (another tree shape is another graph to
+        capture, or to compile)."""
         ranked = self.rank(batch)
         key = (batch, self.kind, self.setting)
-        best = ranked[0]
+        left = self._seconds_left(batch, self.remaining)
+        best = min(ranked, key=left)  # ties: the faster rate, then the smaller tree (``ranked``'s order)
         last = next((f for f in ranked if f.tree == self.chooser.last.get(key)), None)
-        if last is not None and _SWITCH * last.tokens_per_second >= best.tokens_per_second:
+        if last is not None and left(last) <= _SWITCH * left(best):
             best = last
         self.chooser.last[key] = best.tree
         shown = [best] + ranked[:_FINALISTS] + [f for f in ranked if not f.tree.drafts or f.tree == self.tree]
@@ -248,11 +297,17 @@ class Session:
         logger.info("draft tree: %s", choice)
         return choice
 
-    def next_tree(self, batch: int, stats, setup: float) -> TreeConfig:
+    def next_tree(self, batch: int, stats, setup: float, remaining: int | None = None,
+                  generation=None) -> TreeConfig:
         """Observe the cycle since the last call, then the tree for the next cycle (the same one, or a new choice
         when the batch changed, or when the acceptance fitted again or the host's share learned since makes another
-        tree promise ``_SWITCH`` times the running one's rate). Compiled calls never switch."""
+        tree finish the ``remaining`` tokens per row ``_SWITCH`` times sooner, its capture included). ``generation``:
+        the storage's (``Storage.generation``), whose graphs the chooser mirrors. Compiled calls never switch."""
         self._observe(stats, setup)
+        if remaining is not None:
+            self.remaining = remaining
+        if self.captures:
+            self.chooser.sync(generation)
         if self.mode not in (None, "graphs"):
             return self.tree
         now = time.perf_counter()
@@ -262,14 +317,18 @@ class Session:
         elif self._cycles >= _REFIT_CYCLES and now - self._fit_at >= _REFIT_SECONDS:
             self._fit_at, self._cycles = now, 0
             ranked = self.rank(batch)
+            left = self._seconds_left(batch, self.remaining)
             running = next(f for f in ranked if f.tree == self.tree)
-            if ranked[0].tree != self.tree and ranked[0].tokens_per_second > _SWITCH * running.tokens_per_second:
+            best = min(ranked, key=left)
+            if best.tree != self.tree and left(running) > _SWITCH * left(best):
                 why = "acceptance or costs moved"
         if why is not None:
             self._batch = batch
             new = self._choose(batch, why, stats.num_target_forwards).tree
             self._stale = not self.tree.drafts and new.drafts
             self.tree = new
+        if self.captures:
+            self.chooser.hold(self.kind, batch, self.tree)
         return self.tree
 
     def finish(self, stats, setup: float) -> None:
@@ -292,6 +351,8 @@ class Session:
                                     [c - (last_counts[i] if i < len(last_counts) else 0) for i, c in enumerate(counts)])
         if setup == last_setup:  # a cycle that captured or compiled a step says nothing of the steady cost
             self._learn_overhead(seconds - last_seconds)
+        elif self.captures and setup > last_setup:  # ... but says what a capture costs
+            self.chooser.captures.setdefault(self.kind, collections.deque(maxlen=15)).append(setup - last_setup)
 
     def _learn_overhead(self, cycle: float) -> None:
         """The host's share of a cycle: what recent cycles took beyond the probed steps (their median: a cycle that

@@ -43,9 +43,9 @@ from .signature import Signature, alive
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OwnGraph", "nothing_to_undo"]
+__all__ = ["OwnGraph", "nothing_to_undo", "MAX_GRAPHS"]
 
-_MAX_GRAPHS = 8  # signatures kept per function; the oldest graph (and its memory pool) is dropped first
+MAX_GRAPHS = 8  # signatures kept per function; the oldest graph (and its memory pool) is dropped first
 _CAPTURING = threading.Lock()  # held by the one capture underway in this process (a lock, not a table: no state)
 
 
@@ -94,7 +94,7 @@ class OwnGraph:
         if entry is None:  # first call: compile and run (the warm-up); capture now (undo) or at the next call
             entry = self._graphs[sig.key] = sig.refs
             self._graphs.move_to_end(sig.key)
-            while len(self._graphs) > _MAX_GRAPHS:
+            while len(self._graphs) > MAX_GRAPHS:
                 self._graphs.popitem(last=False)
             t0 = time.perf_counter()
             restore = undo() if undo is not None and not self.failed else None

@@ -143,7 +143,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         stats = SpeculativeStats(accept_counts=[0] * capacity.depth, tree=tree, mode=mode)
         call = _Call(model, head, dec, cap, gen, logits_processor, reads_input_ids(logits_processor),
                      Stops.of(stopping_criteria), streamer, generator, stats, parts, parts.position_limit, linears,
-                     pad_token_id(gen), session)
+                     pad_token_id(gen), session, new)
         setup0 = dec.setup
         dec.begin(tree, mode, B, input_ids.shape[1], max_length, sampler, capacity=capacity)
         state = _prefill(call, input_ids, mask, position_ids, images)
@@ -182,6 +182,7 @@ class _Call:
     linears: object
     pad: int  # the token generate() writes after a finished row
     session: Session | None  # the chooser's, when the call was given no tree: it picks the tree before each cycle
+    new: int  # new tokens per row the call decodes at most
 
 
 def _prompt_forward(call: _Call, input_ids, slot_pos, position_ids, images):
@@ -341,7 +342,8 @@ def _next_tree(call: _Call, state: DecodeState) -> None:
     """The chooser's tree for the next cycle: it observes the last cycle in ``stats``, then keeps its tree or picks
     another (a smaller batch, a moved estimate)."""
     dec = call.dec
-    tree = call.session.next_tree(dec.storage.batch, call.stats, dec.setup)
+    left = call.new - min(len(state.generated[b]) for b in state.slots if not state.finished[b])
+    tree = call.session.next_tree(dec.storage.batch, call.stats, dec.setup, left, dec.storage.generation)
     if tree != dec.tree:
         dec.set_tree(tree)
         state.drafted = False  # a draft launched ahead was the other tree's
