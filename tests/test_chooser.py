@@ -299,7 +299,7 @@ class _Scripted:
         self.tree = self.script[self.i % len(self.script)]
         return self.tree
 
-    def finish(self, stats, setup):
+    def finish(self, stats, setup, longest=None):
         pass
 
 
@@ -373,6 +373,58 @@ def test_acceptance_moving_makes_the_choice_again(stand_in, monkeypatch):
         stats.time_verify += 1e-3
     assert tree != first and s.choices[-1].why == "acceptance or costs moved", [str(x) for x in s.choices]
     assert tree.fits(s.capacity) and tree.depth > first.depth  # a head that is right more often: deeper
+
+
+def _call(s: Session, batch: int, cycles: int, accept: float, seconds: float, setup: float = 0.0) -> None:
+    """A stand-in call of ``s``: ``cycles`` cycles at ``accept`` tokens each that took ``seconds`` in all."""
+    none = SimpleNamespace(num_target_forwards=0, num_drafts=0, accept_counts=[0] * 8, time_draft=0.0,
+                           time_verify=0.0, time_other=0.0)
+    s.next_tree(batch, none, setup)
+    done = SimpleNamespace(num_target_forwards=cycles, num_drafts=cycles * batch, accept_counts=[0] * 8,
+                           mean_accept_length=accept, time_draft=0.0, time_verify=seconds, time_other=0.0)
+    s.finish(done, setup, round(cycles * accept))
+
+
+def test_a_tree_measured_losing_its_calls_gives_way_to_no_tree_and_back(stand_in):
+    """The probe and the per-cycle share cannot see a batch's tail (its slowest row keeps every cycle going):
+    what whole calls took against their prediction scales the next choices, with a tree and without."""
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    kw = dict(model=model, head=head, cap=None, batch=4, gen=SimpleNamespace(do_sample=False),
+              sampler=None, mode=None, max_depth=64, max_top_k=96, shrinks=True)
+    s = Session.start(c, **kw)
+    assert s.tree.drafts
+    ahead = s.choices[0].finalists[0].tokens_per_second / next(
+        f for f in s.choices[0].finalists if not f.tree.drafts).tokens_per_second
+    _call(s, 4, 16, 2.0, 16 * s._plan[2] * 2 * ahead)  # the call took twice its lead: drafting lost
+    assert c.ratio(s.kind, 4, s.setting, True) == pytest.approx(1 + (2 * ahead - 1) / 2)  # one call: halfway
+    plain = Session.start(c, **kw)
+    assert not plain.tree.drafts and plain.idle
+    _call(plain, 4, 32, 1.0, 32 * plain._plan[2] * 4 * ahead)  # ... and then plain decoding lost by more
+    assert Session.start(c, **kw).tree.drafts
+    assert c.ratio(plain.kind, 1, plain.setting, True) == 1.0  # another batch has its own
+
+
+def test_drafting_cycles_host_share_is_not_charged_to_no_tree(stand_in):
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    s = Session.start(c, model=model, head=head, cap=None, batch=1, gen=SimpleNamespace(do_sample=False),
+                      sampler=None, mode=None, max_depth=64, max_top_k=96, shrinks=True)
+    assert s.tree.drafts
+    steps = cycle_seconds(s.table, 1, s.tree)
+    stats = SimpleNamespace(num_target_forwards=0, num_drafts=0, accept_counts=[0] * s.capacity.depth,
+                            time_draft=0.0, time_verify=0.0, time_other=0.0)
+    for _ in range(5):  # cycles that each took 5 ms beyond their steps
+        s.next_tree(1, stats, 0.0)
+        stats.num_target_forwards += 1
+        stats.num_drafts += 1
+        stats.time_verify += steps + 5e-3
+    s.next_tree(1, stats, 0.0)
+    seconds = c.seconds(s.table, s.kind, 1)
+    assert seconds(s.tree) == pytest.approx(steps + 5e-3)
+    assert seconds(TreeConfig.none()) == pytest.approx(cycle_seconds(s.table, 1, TreeConfig.none()))
 
 
 def test_the_capacity_holds_every_candidate_whatever_the_acceptance(stand_in):

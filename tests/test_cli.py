@@ -463,7 +463,7 @@ class _Picks:
     def next_tree(self, batch, stats, setup, remaining=None, generation=None):
         return self.tree
 
-    def finish(self, stats, setup):
+    def finish(self, stats, setup, longest=None):
         pass
 
 

@@ -240,7 +240,9 @@ def _law(k: int, trials: int, seed: int):
 
 @needs_triton
 def test_emitted_token_follows_the_target():
-    tv, tv_bound, chi2, chi2_bound = _law(2, CPU_TRIALS, seed=1)
+    # Three times the control's trials (6 s interpreted): at 240 the TV bound (twice the noise's mean) is passed by
+    # chance in about one seed of eight; at 720 the seeds tried stayed within 0.65 of it.
+    tv, tv_bound, chi2, chi2_bound = _law(2, 3 * CPU_TRIALS, seed=1)
     assert tv < tv_bound and chi2 < chi2_bound, (tv, tv_bound, chi2, chi2_bound)
 
 

@@ -328,3 +328,23 @@ def test_compact_proposal_keeps_width_tokens_and_other_warpers_use_the_vocabular
     full = _sampler([TypicalLogitsWarper(0.9)], vocab=50)
     assert not full.compact and full.width == 50
     assert full.proposal(torch.randn(2, 1, 50))[0].shape == (2, 1, 50)
+
+
+def test_exp_noise_is_exponential():
+    """The CPU's Exp(1) draws (-log(1 - U)): finite, non-negative, seeded, and Exp(1) by a Kolmogorov-Smirnov bound
+    (1.63 / sqrt(n): a 1% level), which a wrong transform (U itself, or Exp(2)) fails."""
+    n = 200_000
+    e = sampling.exp_noise(torch.empty(n), torch.Generator().manual_seed(0))
+    again = sampling.exp_noise(torch.empty(n), torch.Generator().manual_seed(0))
+    assert torch.equal(e, again) and bool(torch.isfinite(e).all()) and float(e.min()) >= 0
+
+    def ks(x: torch.Tensor, rate: float = 1.0) -> float:
+        x = x.double().sort().values
+        cdf = 1 - torch.exp(-rate * x)
+        i = torch.arange(1, n + 1, dtype=torch.float64)
+        return float(torch.maximum(i / n - cdf, cdf - (i - 1) / n).max())
+
+    bound = 1.63 / n ** 0.5
+    assert ks(e) < bound
+    assert ks(torch.rand(n, generator=torch.Generator().manual_seed(1))) > bound  # U(0, 1) is not Exp(1)
+    assert ks(e / 2) > bound  # Exp(2) is not Exp(1)

@@ -18,6 +18,12 @@ Where the steps replay as CUDA graphs, a tree not yet captured at a batch costs 
 seconds the cycles that captured took beyond the steps). The choice weighs it against what the tree would save on
 the tokens left: a tree runs at a new batch or replaces the running one only where it pays for its capture within
 the call. The chooser mirrors which (batch, tree) the runner holds graphs for (``graphs.MAX_GRAPHS`` per step).
+
+What the probe and the per-cycle share miss, each call measures: the whole call's decode time against what its first
+choice predicted for the tokens its longest row took (``Chooser.realized``, apart for calls with and without a tree).
+A batch's rows accept at different rates, so it runs until its slowest row is done: on code-tiny at batch 16 a chain
+of 5 took 55 cycles for 128 tokens at 3.7 tokens per cycle. The ratio scales later predictions of that kind at that
+batch and setting, so a tree that lost to the plain decode it was weighed against is measured losing, and dropped.
 """
 from __future__ import annotations
 
@@ -46,6 +52,8 @@ _REFIT_CYCLES = 16  # ... and after this many cycles
 _FINALISTS = 3
 _CAPTURE_PRIOR = 0.05  # seconds a tree's capture at a new batch is taken to cost before one has been watched
 _SAMPLED_BYTES = 1 << 30  # a sampled tree's proposals (batch x nodes x vocabulary, fp32) stay within this
+_REALIZED_CALLS = 5  # the realized-time ratio is the median of the last calls' of its kind, batch and setting
+_REALIZED_MIN_CYCLES = 4  # a call of fewer cycles says little of how a long one goes
 
 
 def candidate_trees(max_depth: int = 8, max_top_k: int = 8) -> list[TreeConfig]:
@@ -120,8 +128,10 @@ class Chooser:
         self.file = CostFile(cost_key(model, head, device))
         self.entries: dict[str, CycleCosts] = self.file.load()
         self.acceptance: dict[tuple, Acceptance] = {}
-        self.overhead: dict[tuple, float] = {}  # (kind, batch) -> seconds per cycle beyond the steps (learned)
-        self.residuals: dict[tuple, collections.deque] = {}  # (kind, batch) -> the last cycles' share beyond the steps
+        # (kind, batch, drafts) -> seconds per cycle beyond the steps (learned), apart for cycles with and without a
+        # tree: what a tree's cycles add (its commits, its head's steps as they run) says nothing of a plain one's
+        self.overhead: dict[tuple, float] = {}
+        self.residuals: dict[tuple, collections.deque] = {}  # the same keys -> the last cycles' share beyond the steps
         # (batch, mode) -> the tree compiled calls keep: greedy and sampled calls share the compiled verify and update
         self.kept: dict[tuple, TreeConfig] = {}
         self.capacity: dict[tuple, TreeConfig] = {}  # (batch, kind) -> the capacity calls sized their buffers for
@@ -131,6 +141,8 @@ class Chooser:
         self.held: collections.OrderedDict = collections.OrderedDict()
         self.generation = None
         self.captures: dict[str, collections.deque] = {}
+        # (kind, batch, setting, drafts) -> recent calls' decode seconds over what their first choice predicted
+        self.realized: dict[tuple, collections.deque] = {}
 
     def sync(self, generation) -> None:
         """The decoder's storage is at ``generation``: graphs captured on an earlier one went with its memory."""
@@ -150,6 +162,15 @@ class Chooser:
         """What a tree's capture at a new batch costs: the median of those watched, a prior before any."""
         seen = self.captures.get(kind)
         return statistics.median(seen) if seen else _CAPTURE_PRIOR
+
+    def ratio(self, kind: str, batch: int, setting: tuple, drafts: bool) -> float:
+        """What calls of this kind at ``batch`` took over what was predicted for them, with a tree or without: the
+        median of the last calls', drawn toward 1 as if one more call had matched its prediction (one slow call, a
+        machine's busy spell or a first call's warm-up, moves the choice only halfway)."""
+        seen = self.realized.get((kind, batch, setting, drafts))
+        if not seen:
+            return 1.0
+        return 1.0 + (statistics.median(seen) - 1.0) * len(seen) / (len(seen) + 1)
 
     def acceptance_for(self, setting: tuple) -> Acceptance:
         return self.acceptance.setdefault(setting, Acceptance())
@@ -172,15 +193,20 @@ class Chooser:
             self.file.save(new)
 
     def seconds(self, table: dict, kind: str, batch: int):
-        """tree -> seconds of a cycle at ``batch``: the steps' from the table, and the host's share, learned at this
-        batch, or at the nearest batch that decoded (0 before any has: it is the same for every tree)."""
-        learned = [(abs(b.bit_length() - batch.bit_length()), abs(b - batch), v)
-                   for (k, b), v in self.overhead.items() if k == kind]
-        extra = min(learned)[2] if learned else 0.0
-        return lambda tree: cycle_seconds(table, batch, tree) + extra
+        """tree -> seconds of a cycle at ``batch``: the steps' from the table, and the host's share for cycles with a
+        tree or without, learned at this batch, or at the nearest batch that decoded (0 before any has)."""
+        def extra(drafts: bool) -> float:
+            learned = [(abs(b.bit_length() - batch.bit_length()), abs(b - batch), v)
+                       for (k, b, d), v in self.overhead.items() if k == kind and d == drafts]
+            return min(learned)[2] if learned else 0.0
+        extras = {True: extra(True), False: extra(False)}
+        return lambda tree: cycle_seconds(table, batch, tree) + extras[tree.drafts]
 
-    def rank(self, lengths: dict, table: dict, kind: str, batch: int) -> list[Finalist]:
-        return rank_trees(lengths, self.seconds(table, kind, batch))
+    def rank(self, lengths: dict, table: dict, kind: str, batch: int, setting: tuple = ()) -> list[Finalist]:
+        """``lengths``' trees by expected rate at ``batch``, each cycle scaled by what calls of its kind realized."""
+        base = self.seconds(table, kind, batch)
+        ratio = {d: self.ratio(kind, batch, setting, d) for d in (True, False)}
+        return rank_trees(lengths, lambda tree: base(tree) * ratio[tree.drafts])
 
 
 def rank_trees(lengths: dict, seconds) -> list[Finalist]:
@@ -215,6 +241,9 @@ class Session:
     _steps: dict = field(default_factory=dict)  # (batch, tree) -> the probed steps' seconds per cycle
     captures: bool = False  # the steps replay as CUDA graphs: a tree new at a batch costs its capture
     remaining: int = 0  # new tokens per row the call has left to decode (at most)
+    prompt_seconds: float = 0.0  # the head's pass over the prompt (the loop times it): a cost of drafting
+    _plan: tuple | None = None  # the first choice: (batch, drafts, its cycle's seconds as the probe and host predict)
+    _setup0: float | None = None  # the decoder's setup seconds at the first cycle
 
     @classmethod
     def start(cls, chooser: Chooser, *, model, head, cap, batch: int, gen, sampler, mode, max_depth: int,
@@ -242,6 +271,9 @@ class Session:
             return s
         first = s._choose(batch, "first")
         s.tree, s._batch, s._fit_at = first.tree, batch, time.perf_counter()
+        chosen = next(f for f in first.finalists if f.tree == first.tree)
+        ratio = chooser.ratio(kind, batch, setting, first.tree.drafts)
+        s._plan = (batch, first.tree.drafts, chosen.cycle_seconds / ratio)
         # A call that starts without a tree leaves the head out (no pass over the prompt: at a large batch on a CPU
         # it costs a fifth of the call), so it stays without one; the next call chooses again.
         s.idle = not first.tree.drafts
@@ -262,7 +294,7 @@ class Session:
             trees = [t for t in self.trees if (self.capacity is None or t.fits(self.capacity))
                      and not (self.idle and t.drafts)]
             lengths = self.acceptance.expected_lengths(trees)
-        return self.chooser.rank(lengths, self.table, self.kind, batch)
+        return self.chooser.rank(lengths, self.table, self.kind, batch, self.setting)
 
     def _charge(self, batch: int):
         """tree -> the seconds its capture at ``batch`` would add to the call (0 where the graphs are held, or the
@@ -304,6 +336,8 @@ class Session:
         tree finish the ``remaining`` tokens per row ``_SWITCH`` times sooner, its capture included). ``generation``:
         the storage's (``Storage.generation``), whose graphs the chooser mirrors. Compiled calls never switch."""
         self._observe(stats, setup)
+        if self._setup0 is None:
+            self._setup0 = setup
         if remaining is not None:
             self.remaining = remaining
         if self.captures:
@@ -331,9 +365,22 @@ class Session:
             self.chooser.hold(self.kind, batch, self.tree)
         return self.tree
 
-    def finish(self, stats, setup: float) -> None:
-        """After the call's last cycle: observe it."""
+    def finish(self, stats, setup: float, longest: int | None = None) -> None:
+        """After the call's last cycle: observe it, and what the whole call took against what its first choice
+        predicted for the ``longest`` row's tokens from cycles (at the acceptance the call got)."""
         self._observe(stats, setup)
+        if self._plan is None or longest is None or self._setup0 is None:
+            return
+        batch, drafts, cycle = self._plan
+        if stats.num_target_forwards < _REALIZED_MIN_CYCLES or longest < 1:
+            return
+        per_cycle = stats.mean_accept_length if drafts else 1.0
+        seconds = stats.time_draft + stats.time_verify + stats.time_other - (setup - self._setup0)
+        seconds += self.prompt_seconds if drafts else 0.0
+        predicted = longest / max(per_cycle, 1.0) * cycle
+        if seconds > 0 and predicted > 0:
+            key = (self.kind, batch, self.setting, drafts)
+            self.chooser.realized.setdefault(key, collections.deque(maxlen=_REALIZED_CALLS)).append(seconds / predicted)
 
     def _observe(self, stats, setup: float) -> None:
         forwards, seconds = stats.num_target_forwards, stats.time_draft + stats.time_verify + stats.time_other
@@ -357,7 +404,7 @@ class Session:
     def _learn_overhead(self, cycle: float) -> None:
         """The host's share of a cycle: what recent cycles took beyond the probed steps (their median: a cycle that
         a busy machine delayed says nothing of the next)."""
-        key = (self.kind, self._batch)
+        key = (self.kind, self._batch, self.tree.drafts)
         steps = self._steps.get((self._batch, self.tree))
         if steps is None:  # read from the table once per batch and tree: the host's work per cycle stays small
             steps = self._steps[(self._batch, self.tree)] = cycle_seconds(self.table, self._batch, self.tree)

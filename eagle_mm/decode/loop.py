@@ -152,7 +152,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
             _cycle(call, state)
         stats.time_compile = dec.setup - setup0
         if session is not None:
-            session.finish(stats, dec.setup)
+            session.finish(stats, dec.setup, max(len(g) for g in state.generated) - 1)
             stats.choices = session.choices
     if streamer is not None:
         streamer.end()
@@ -251,8 +251,11 @@ def _start_head(call: _Call, feats, ids, slot_pos, root, root_pos) -> None:
     if cap.keeps_input_embeds:
         # The target's merged embeddings (image features at image positions), shifted like head_tokens.
         embeds = torch.cat((cap.input_embeds()[:, 1:], head.embed(root[:, None]).to(feats.device)), 1)
+    t0 = time.perf_counter()
     h_out, h_logits, (k, v) = head_entries(head, None, feats, head_tokens, slot_pos, embeds=embeds)
     call.dec.start(k, v, slot_pos, root, root_pos, h_out[:, -1], h_logits[:, -1])
+    if call.session is not None:  # what drafting costs the call before its first cycle
+        call.session.prompt_seconds = time.perf_counter() - t0
 
 
 def _draft(call: _Call) -> None:
@@ -290,7 +293,9 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     buf = store.buf  # the tree (B, Q) is in the buffers
     positions = buf.q_pos if state.rope_offsets is None else verify_positions(buf.q_pos, state.rope_offsets)
     write = torch.arange(store.cur, store.cur + Q, device=buf.q_pos.device)  # the tree's slots
-    with call.linears:
+    # One row (a batch of one without a tree) has no few-row product to speed up: the mode would only cost (about a
+    # sixth of code-tiny's cycle).
+    with call.linears if store.batch * Q > 1 else contextlib.nullcontext():
         logits, feats = run.verify(call.model, store.in_use(store.cur + Q), buf, call.cap, write, positions, t.depth)
     if dec.sampler is not None and not call.reads_ids:  # input-free warpers: one step with the acceptance
         walk_noise(buf.u, buf.e, dec.generator)  # outside the step, like the draft's
@@ -305,11 +310,11 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     t2 = time.perf_counter()
     # Keep the path, extend the head and set the next root on the device, then start the cycle's one host read of
     # the accept lengths and new tokens.
-    with call.linears:
-        if t.drafts:
+    if t.drafts:
+        with call.linears:
             packed = run.update(call.head, store.target, buf, feats, accept_len, path, bonus)  # (B, 1 + D+1)
-        else:  # no tree: the root's slot kept, the next root set, the head left as it is
-            packed = run.advance(store.target, buf, bonus)  # (B, 2)
+    else:  # no tree: the root's slot kept, the next root set, the head left as it is (no linear: no mode)
+        packed = run.advance(store.target, buf, bonus)  # (B, 2)
     host = store.read(packed)
     t3 = time.perf_counter()
     state.drafted = dec.overlaps  # CUDA: the next draft runs on the device while the host commits

@@ -48,7 +48,7 @@ from ..kernels import verify_sampling
 from ..kernels.reference import rejection_walk
 from .tree import Tree
 
-__all__ = ["sample_children", "draft_noise", "walk_noise", "sibling_scores", "tree_rejection_sample",
+__all__ = ["sample_children", "draft_noise", "exp_noise", "walk_noise", "sibling_scores", "tree_rejection_sample",
            "tree_rejection_sample_scores", "rejection_walk"]
 
 
@@ -67,8 +67,8 @@ def sample_children(logq: torch.Tensor, k: int, generator: torch.Generator | Non
         raise ValueError(f"k={k} children must be in [1, {V}] (the vocabulary size)")
     # -log(E), E ~ Exp(1), is Gumbel(0, 1); the top-k of log q + Gumbel is a sample without replacement
     # in draw order. Clamping E keeps the noise finite, so -inf log-probs stay -inf (never NaN).
-    e = noise if noise is not None else torch.empty(logq.shape, dtype=torch.float32, device=logq.device).exponential_(
-        generator=generator)
+    e = noise if noise is not None else exp_noise(torch.empty(logq.shape, dtype=torch.float32, device=logq.device),
+                                                  generator)
     keys = logq.float() - e.clamp_min(torch.finfo(torch.float32).tiny).log()
     keys, ids = keys.topk(k, dim=-1)  # (B, M, k), sorted: draw order
     return ids, keys > float("-inf")
@@ -77,7 +77,17 @@ def sample_children(logq: torch.Tensor, k: int, generator: torch.Generator | Non
 def draft_noise(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Fill ``out`` (B, 1 + (depth-1) * top_k, W) fp32 with the Exp(1) draws of one sampled draft, in the order the
     draft consumes them: the root's row, then top_k rows per level (``draft.draft_candidates``)."""
-    return out.exponential_(generator=generator)
+    return exp_noise(out, generator)
+
+
+def exp_noise(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Fill ``out`` (fp32) with Exp(1) draws, in place. On a CPU as -log(1 - U) from uniform draws: torch's
+    ``exponential_`` costs about 7x ``uniform_`` there (a batch of 32 rows over a 32k vocabulary: 14.7 against 2.4 ms
+    with the log), which was a fifth of a sampled cycle of code-tiny at that batch. 1 - U lies in (0, 1], so every
+    draw is finite. On CUDA ``exponential_`` is one fast kernel."""
+    if out.device.type == "cuda":
+        return out.exponential_(generator=generator)
+    return out.uniform_(generator=generator).neg_().log1p_().neg_()
 
 
 def sibling_scores(parent_score: torch.Tensor, parent_logp: torch.Tensor, logq_children: torch.Tensor) -> torch.Tensor:
@@ -109,7 +119,7 @@ def _noise(B: int, n: int, V: int, device: torch.device, generator: torch.Genera
 
 def walk_noise(u: torch.Tensor, e: torch.Tensor, generator: torch.Generator | None):
     """Fill u (B, N+1) with U(0, 1) and e (B, V) with Exp(1) draws, in that order: the walk's noise, in place."""
-    return u.uniform_(generator=generator), e.exponential_(generator=generator)
+    return u.uniform_(generator=generator), exp_noise(e, generator)
 
 
 def tree_rejection_sample(tree: Tree, p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None = None):
