@@ -52,6 +52,12 @@ def _seen(a: float, t: float, tree: TreeConfig, drafts: int = 4000) -> Acceptanc
     return est
 
 
+def _no_stats(depth: int = 8) -> SimpleNamespace:
+    """A call's ``SpeculativeStats`` before its first cycle (what ``Session.next_tree`` reads)."""
+    return SimpleNamespace(num_target_forwards=0, num_drafts=0, accept_counts=[0] * depth, time_draft=0.0,
+                           time_verify=0.0, time_other=0.0)
+
+
 # ---- the acceptance model -------------------------------------------------------------------------
 def test_a_chain_commits_the_geometric_sum_and_no_tree_one_token():
     for a in (0.0, 0.3, 0.8):
@@ -343,8 +349,7 @@ def test_a_call_that_starts_without_a_tree_stays_without_one(stand_in):
     s = Session.start(c, **kw)
     assert not s.tree.drafts and s.idle
     s.table = {b: _costs(b, FLAT) for b in (1, 4)}  # costs under which one row would draft
-    stats = SimpleNamespace(num_target_forwards=0, num_drafts=0, accept_counts=[0] * 8, time_draft=0.0,
-                            time_verify=0.0, time_other=0.0)
+    stats = _no_stats()
     assert not s.next_tree(1, stats, 0.0).drafts and s.choices[-1].why == "rows finished"
     c.entries.clear()
     stand_in.verify = FLAT
@@ -361,8 +366,7 @@ def test_acceptance_moving_makes_the_choice_again(stand_in, monkeypatch):
     s = Session.start(c, model=model, head=head, cap=None, batch=1, gen=SimpleNamespace(do_sample=False),
                       sampler=None, mode=None, max_depth=8, max_top_k=96, shrinks=True)
     first = s.tree
-    stats = SimpleNamespace(num_target_forwards=0, num_drafts=0, accept_counts=[0] * s.capacity.depth,
-                            time_draft=0.0, time_verify=0.0, time_other=0.0)
+    stats = _no_stats(s.capacity.depth)
     for _ in range(200):
         tree = s.next_tree(1, stats, 0.0)
         if tree != first:
@@ -377,9 +381,7 @@ def test_acceptance_moving_makes_the_choice_again(stand_in, monkeypatch):
 
 def _call(s: Session, batch: int, cycles: int, accept: float, seconds: float, setup: float = 0.0) -> None:
     """A stand-in call of ``s``: ``cycles`` cycles at ``accept`` tokens each that took ``seconds`` in all."""
-    none = SimpleNamespace(num_target_forwards=0, num_drafts=0, accept_counts=[0] * 8, time_draft=0.0,
-                           time_verify=0.0, time_other=0.0)
-    s.next_tree(batch, none, setup)
+    s.next_tree(batch, _no_stats(), setup)
     done = SimpleNamespace(num_target_forwards=cycles, num_drafts=cycles * batch, accept_counts=[0] * 8,
                            mean_accept_length=accept, time_draft=0.0, time_verify=seconds, time_other=0.0)
     s.finish(done, setup, round(cycles * accept))
@@ -414,8 +416,7 @@ def test_drafting_cycles_host_share_is_not_charged_to_no_tree(stand_in):
                       sampler=None, mode=None, max_depth=64, max_top_k=96, shrinks=True)
     assert s.tree.drafts
     steps = cycle_seconds(s.table, 1, s.tree)
-    stats = SimpleNamespace(num_target_forwards=0, num_drafts=0, accept_counts=[0] * s.capacity.depth,
-                            time_draft=0.0, time_verify=0.0, time_other=0.0)
+    stats = _no_stats(s.capacity.depth)
     for _ in range(5):  # cycles that each took 5 ms beyond their steps
         s.next_tree(1, stats, 0.0)
         stats.num_target_forwards += 1

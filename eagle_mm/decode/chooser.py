@@ -271,9 +271,7 @@ class Session:
             return s
         first = s._choose(batch, "first")
         s.tree, s._batch, s._fit_at = first.tree, batch, time.perf_counter()
-        chosen = next(f for f in first.finalists if f.tree == first.tree)
-        ratio = chooser.ratio(kind, batch, setting, first.tree.drafts)
-        s._plan = (batch, first.tree.drafts, chosen.cycle_seconds / ratio)
+        s._plan = (batch, first.tree.drafts, chooser.seconds(s.table, kind, batch)(first.tree))
         # A call that starts without a tree leaves the head out (no pass over the prompt: at a large batch on a CPU
         # it costs a fifth of the call), so it stays without one; the next call chooses again.
         s.idle = not first.tree.drafts

@@ -32,7 +32,7 @@ from .draft import head_entries, scratch_slots
 from .graphs import OwnGraph
 from .masks import layer_kinds
 from .sampling import draft_noise, walk_noise
-from .skinny import skinny_linears
+from .skinny import for_rows, skinny_linears
 from .steps import accept_step, advance_step, draft_step, prefill_step, update_step, verify_step
 from .storage import Storage
 from .tree import Tree
@@ -266,7 +266,7 @@ class _Probe:
 
         def run():
             set_pointers(target.cache, P)
-            with self.linears if self.B * q > 1 else contextlib.nullcontext():  # as the loop: one row, no mode
+            with for_rows(self.linears, self.B * q):  # as the loop runs it
                 out[0], _ = verify_step(self.model, target, buf, self.cap, write, positions, D)
             if s is not None:
                 accept_step(buf, out[0], s, D)

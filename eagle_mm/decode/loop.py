@@ -34,7 +34,7 @@ from .draft import DraftSampler, head_entries
 from .options import call_streamer, check_attention, check_cache_room, check_generation_config, check_head, \
     check_prompt, choose_mode, resolve_tree, split_model_inputs, stop_strings_to_criteria
 from .processors import process_tree_logits, reads_input_ids
-from .skinny import skinny_linears
+from .skinny import for_rows, skinny_linears
 from .state import DecodeState, SpeculativeStats
 from .runner import step_mode
 from .sampling import draft_noise, walk_noise
@@ -293,9 +293,7 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     buf = store.buf  # the tree (B, Q) is in the buffers
     positions = buf.q_pos if state.rope_offsets is None else verify_positions(buf.q_pos, state.rope_offsets)
     write = torch.arange(store.cur, store.cur + Q, device=buf.q_pos.device)  # the tree's slots
-    # One row (a batch of one without a tree) has no few-row product to speed up: the mode would only cost (about a
-    # sixth of code-tiny's cycle).
-    with call.linears if store.batch * Q > 1 else contextlib.nullcontext():
+    with for_rows(call.linears, store.batch * Q):
         logits, feats = run.verify(call.model, store.in_use(store.cur + Q), buf, call.cap, write, positions, t.depth)
     if dec.sampler is not None and not call.reads_ids:  # input-free warpers: one step with the acceptance
         walk_noise(buf.u, buf.e, dec.generator)  # outside the step, like the draft's

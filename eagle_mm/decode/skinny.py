@@ -21,11 +21,13 @@ slightly more (1.47x) but changed the user's modules for every thread while a ca
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["skinny_linears", "MAX_ROWS"]
+__all__ = ["skinny_linears", "for_rows", "MAX_ROWS"]
 
 MAX_ROWS = 128  # measured: up to here W @ x^T wins for every shape tried (it is never slower at 1 row either)
 
@@ -54,3 +56,10 @@ class skinny_linears(TorchFunctionMode):  # noqa: N801 (used as a context manage
             if out is not None:
                 return out
         return func(*args, **(kwargs or {}))
+
+
+def for_rows(mode, rows: int):
+    """``mode`` (a ``skinny_linears``, or a null context) for a forward of ``rows`` rows: one row has no few-row
+    product to speed up, so it runs outside the mode, whose per-call cost would be all it adds (a sixth of a
+    one-row cycle of code-tiny)."""
+    return mode if rows > 1 else contextlib.nullcontext()
