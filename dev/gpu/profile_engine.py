@@ -96,6 +96,48 @@ def batch16(out):
         print(f"b16 {name}: {16 * 128 / dt:.0f} tok/s", flush=True)
 
 
+def batch64(out):
+    """code-tiny greedy, batch 64, 96 new tokens as bench_matrix: no tree, the default call and HF static, each with
+    its kernel count and device time per step (is a step bound by the GPU's kernels or by the host?)."""
+    import eagle_mm
+    from eagle_mm import zoo
+
+    m = zoo.load("code-tiny", device="cuda")
+    model, head, tok = m.target, m.eagle3_head, m.tokenizer
+    tok.padding_side = "left"
+    tok.pad_token = tok.pad_token or tok.eos_token
+    enc = dict(tok((m.prompts * 64)[:64], return_tensors="pt", padding=True).to("cuda"))
+    n_new = 96
+    calls = {
+        "ours_none": lambda: eagle_mm.speculative_generate(model, head, **enc, max_new_tokens=n_new,
+                                                           min_new_tokens=n_new, do_sample=False,
+                                                           tree=eagle_mm.TreeConfig.none(),
+                                                           return_dict_in_generate=True),
+        "ours_default": lambda: eagle_mm.speculative_generate(model, head, **enc, max_new_tokens=n_new,
+                                                              min_new_tokens=n_new, do_sample=False,
+                                                              return_dict_in_generate=True),
+        "hf_static": lambda: model.generate(**enc, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
+                                            cache_implementation="static"),
+    }
+    for name, call in calls.items():
+        o, dt = timed(call)
+        s = getattr(o, "stats", None)
+        steps = s.num_target_forwards if s is not None else n_new
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            call()
+            torch.cuda.synchronize()
+        ev = prof.key_averages()
+        kernels = sum(e.count for e in ev if e.device_time_total > 0 and e.self_device_time_total > 0
+                      and not e.key.startswith("cuda"))
+        dev_us = sum(e.self_device_time_total for e in ev)
+        print(f"b64 {name}: {dt * 1e3:.1f} ms {64 * n_new / dt:.0f} tok/s steps={steps} "
+              f"per step {dt * 1e3 / steps:.3f} ms wall, {dev_us / 1e3 / steps:.3f} ms device, "
+              f"{kernels / steps:.0f} kernels" + (f" tree={s.tree} draft={s.time_draft:.4f} verify={s.time_verify:.4f} "
+                                                    f"other={s.time_other:.4f} prefill={s.time_prefill:.4f}"
+                                                    if s is not None else ""), flush=True)
+        tables(prof, f"{out}_b64_{name}.txt", 40)
+
+
 def eight_b(out):
     import eagle_mm
     from bench_8b import build, fit_draft_vocab, parse_args
