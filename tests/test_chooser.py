@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -24,8 +25,9 @@ KS = (1, 2, 4, 8)
 
 def _costs(batch: int, verify) -> CycleCosts:
     """Stand-in step costs: the verify as ``verify(tokens per row)`` seconds, every other step next to free."""
-    return CycleCosts(batch, tuple((q, verify(q)) for q in (1, 2, 4, 8, 16, 32, 64)),
-                      tuple((k, 1e-6, 1e-6) for k in KS), ((2, 1e-6), (9, 1e-6)), 1e-6)
+    qs = (1, 2, 4, 8, 16, 32, 64)
+    return CycleCosts(batch, tuple((q, verify(q)) for q in qs),
+                      tuple((k, 1e-6, 1e-6) for k in KS), ((2, 1e-6), (9, 1e-6)), 1e-6, qs)
 
 
 LINEAR = lambda q: 1e-3 * q  # noqa: E731  every verified token costs what the first does (a CPU's compute)
@@ -233,11 +235,41 @@ def test_the_probe_leaves_the_global_random_state_alone():
     assert torch.equal(torch.get_rng_state(), before) and costs.batch == 2
 
 
+def test_the_few_row_linears_run_only_where_the_probe_measured_them_faster(monkeypatch, tmp_path):
+    """skinny.py's few-row product wins on this project's CPU and may lose on another's BLAS: the probe times the
+    verify both ways, and the calls run it (and the update) the way that measured faster."""
+    from eagle_mm.decode import skinny
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    counted = [0]
+    real = skinny._linear
+
+    def linear(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if out is not None:
+            counted[0] += 1
+            time.sleep(2e-3)  # a machine whose few-row product is slower than F.linear
+        return out
+
+    monkeypatch.setattr(skinny, "_linear", linear)
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    ids = prompt(9).expand(2, -1)
+    em.speculative_generate(model, head, ids, max_new_tokens=8)
+    table = em.decoder(model, head).chooser.table("greedy")
+    assert table and all(c.skinny == () for c in table.values()), {b: c.skinny for b, c in table.items()}
+    counted[0] = 0
+    out = em.speculative_generate(model, head, ids, max_new_tokens=8)
+    assert counted[0] == 0
+    assert torch.equal(out, model.generate(ids, max_new_tokens=8, do_sample=False))
+
+
 def test_cycle_costs_refuse_bad_data():
     good = _costs(2, FLAT).as_json()
     assert CycleCosts.from_json(json.loads(json.dumps(good))) == _costs(2, FLAT)
     for bad in ({**good, "batch": 0}, {**good, "verify": [[1, float("nan")]]}, {**good, "verify": [[2, 1e-3], [1, 1e-3]]},
-                {**good, "draft": [[1, 1e-3]]}, {**good, "overhead": "1"}, {k: v for k, v in good.items() if k != "update"}):
+                {**good, "draft": [[1, 1e-3]]}, {**good, "overhead": "1"}, {k: v for k, v in good.items() if k != "update"},
+                {**good, "skinny": [3]}, {**good, "skinny": "all"}):
         with pytest.raises(ValueError):
             CycleCosts.from_json(bad)
 
@@ -307,6 +339,9 @@ class _Scripted:
 
     def finish(self, stats, setup, longest=None):
         pass
+
+    def few_row_linears(self, batch, q):
+        return True
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -379,12 +414,15 @@ def test_acceptance_moving_makes_the_choice_again(stand_in, monkeypatch):
     assert tree.fits(s.capacity) and tree.depth > first.depth  # a head that is right more often: deeper
 
 
-def _call(s: Session, batch: int, cycles: int, accept: float, seconds: float, setup: float = 0.0) -> None:
-    """A stand-in call of ``s``: ``cycles`` cycles at ``accept`` tokens each that took ``seconds`` in all."""
+def _call(s: Session, batch: int, cycles: int, accept: float, seconds: float, setup: float = 0.0,
+          compiled: float = 0.0) -> None:
+    """A stand-in call of ``s``: ``cycles`` cycles at ``accept`` tokens each that took ``seconds`` in all, of which
+    ``compiled`` went to captures."""
     s.next_tree(batch, _no_stats(), setup)
     done = SimpleNamespace(num_target_forwards=cycles, num_drafts=cycles * batch, accept_counts=[0] * 8,
-                           mean_accept_length=accept, time_draft=0.0, time_verify=seconds, time_other=0.0)
-    s.finish(done, setup, round(cycles * accept))
+                           mean_accept_length=accept, time_draft=0.0, time_verify=seconds, time_other=0.0,
+                           time_compile=compiled)
+    s.finish(done, setup + compiled, round(cycles * accept))
 
 
 def test_a_tree_measured_losing_its_calls_gives_way_to_no_tree_and_back(stand_in):
@@ -399,13 +437,40 @@ def test_a_tree_measured_losing_its_calls_gives_way_to_no_tree_and_back(stand_in
     assert s.tree.drafts
     ahead = s.choices[0].finalists[0].tokens_per_second / next(
         f for f in s.choices[0].finalists if not f.tree.drafts).tokens_per_second
+    _call(s, 4, 16, 2.0, 16 * s._plan[2] * 9)  # a process's first call of a shape is not counted
+    assert c.ratio(s.kind, 4, s.setting, True) == 1.0
+    s = Session.start(c, **kw)
     _call(s, 4, 16, 2.0, 16 * s._plan[2] * 2 * ahead)  # the call took twice its lead: drafting lost
     assert c.ratio(s.kind, 4, s.setting, True) == pytest.approx(1 + (2 * ahead - 1) / 2)  # one call: halfway
     plain = Session.start(c, **kw)
     assert not plain.tree.drafts and plain.idle
+    _call(plain, 4, 32, 1.0, 32 * plain._plan[2] * 4 * ahead)  # its first call without a tree: not counted
+    assert not Session.start(c, **kw).tree.drafts
+    plain = Session.start(c, **kw)
     _call(plain, 4, 32, 1.0, 32 * plain._plan[2] * 4 * ahead)  # ... and then plain decoding lost by more
     assert Session.start(c, **kw).tree.drafts
     assert c.ratio(plain.kind, 1, plain.setting, True) == 1.0  # another batch has its own
+
+
+def test_a_call_that_captured_says_nothing_of_the_next(stand_in):
+    """A first call of a shape captures graphs and pays first-use costs beyond them (on the H200 a tree's first call
+    took 7x its prediction and every later call then decoded without a tree): only calls that captured nothing
+    scale later choices."""
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    kw = dict(model=model, head=head, cap=None, batch=4, gen=SimpleNamespace(do_sample=False),
+              sampler=None, mode=None, max_depth=64, max_top_k=96, shrinks=True)
+    s = Session.start(c, **kw)
+    assert s.tree.drafts
+    _call(s, 4, 16, 2.0, 16 * s._plan[2])  # the first call of the shape (not counted either)
+    s = Session.start(c, **kw)
+    _call(s, 4, 16, 2.0, 16 * s._plan[2] * 7, compiled=0.25)
+    assert c.ratio(s.kind, 4, s.setting, True) == 1.0
+    assert Session.start(c, **kw).tree == s.tree
+    again = Session.start(c, **kw)
+    _call(again, 4, 16, 2.0, 16 * again._plan[2] * 7 / 2.0)  # the same call without captures: 3.5x slower
+    assert c.ratio(s.kind, 4, s.setting, True) > 1.0
 
 
 def test_drafting_cycles_host_share_is_not_charged_to_no_tree(stand_in):

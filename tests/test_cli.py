@@ -466,6 +466,9 @@ class _Picks:
     def finish(self, stats, setup, longest=None):
         pass
 
+    def few_row_linears(self, batch, q):
+        return True
+
 
 @pytest.fixture
 def picks(monkeypatch):

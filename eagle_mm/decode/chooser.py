@@ -24,6 +24,8 @@ choice predicted for the tokens its longest row took (``Chooser.realized``, apar
 A batch's rows accept at different rates, so it runs until its slowest row is done: on code-tiny at batch 16 a chain
 of 5 took 55 cycles for 128 tokens at 3.7 tokens per cycle. The ratio scales later predictions of that kind at that
 batch and setting, so a tree that lost to the plain decode it was weighed against is measured losing, and dropped.
+The first call of each kind, batch and setting in a process, and any call that captured or compiled, is not counted:
+it pays first-use costs (Triton builds, allocator growth) that later calls do not.
 """
 from __future__ import annotations
 
@@ -143,6 +145,7 @@ class Chooser:
         self.captures: dict[str, collections.deque] = {}
         # (kind, batch, setting, drafts) -> recent calls' decode seconds over what their first choice predicted
         self.realized: dict[tuple, collections.deque] = {}
+        self.called: frozenset = frozenset()  # (kind, batch, setting, drafts) of the calls finished so far
 
     def sync(self, generation) -> None:
         """The decoder's storage is at ``generation``: graphs captured on an earlier one went with its memory."""
@@ -286,6 +289,12 @@ class Session:
         s.capacity = chooser.capacity[(batch, kind)] = _envelope([held, first.tree] + trees)
         return s
 
+    def few_row_linears(self, batch: int, q: int) -> bool:
+        """Whether a forward of ``q`` tokens per row at ``batch`` rows runs with ``skinny.py``'s few-row linears: as
+        the probe measured faster at the nearest batch at or below (``CycleCosts.few_row_linears``)."""
+        sizes = sorted(self.table)
+        return self.table[max((b for b in sizes if b <= batch), default=sizes[0])].few_row_linears(q)
+
     def rank(self, batch: int, lengths: dict | None = None) -> list[Finalist]:
         """The trees (within the capacity, once sized) by expected rate at ``batch``, best first."""
         if lengths is None:
@@ -372,12 +381,15 @@ class Session:
         batch, drafts, cycle = self._plan
         if stats.num_target_forwards < _REALIZED_MIN_CYCLES or longest < 1:
             return
+        key = (self.kind, batch, self.setting, drafts)
+        first, self.chooser.called = key not in self.chooser.called, self.chooser.called | {key}
+        if first or stats.time_compile > 0:  # a first call of a shape pays first-use costs beyond its captures
+            return  # (a tree's first call took 7x its prediction on the H200, 0.3 s beyond them), the next does not
         per_cycle = stats.mean_accept_length if drafts else 1.0
-        seconds = stats.time_draft + stats.time_verify + stats.time_other - (setup - self._setup0)
+        seconds = stats.time_draft + stats.time_verify + stats.time_other
         seconds += self.prompt_seconds if drafts else 0.0
         predicted = longest / max(per_cycle, 1.0) * cycle
         if seconds > 0 and predicted > 0:
-            key = (self.kind, batch, self.setting, drafts)
             self.chooser.realized.setdefault(key, collections.deque(maxlen=_REALIZED_CALLS)).append(seconds / predicted)
 
     def _observe(self, stats, setup: float) -> None:

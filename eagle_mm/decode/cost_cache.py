@@ -28,8 +28,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["VERSION", "CostFile", "cost_folder", "cost_key", "decode_kind", "entry_name"]
 
-# Bump when what a file holds, or how a cost is measured, changes (2: a one-row verify runs without skinny.py's mode).
-VERSION = 2
+# Bump when what a file holds, or how a cost is measured, changes (2: a one-row verify runs without skinny.py's mode;
+# 3: the verify timed with and without the few-row linears, and where they won).
+VERSION = 3
 
 
 def cost_folder() -> Path:

@@ -6,9 +6,10 @@ A cycle of the engine (``storage.py``, ``steps.py``) with a tree of depth d, top
   update(d + 1)  keeping the accepted path in both caches and running the head over it;
 and a cycle without a tree (``TreeConfig.none()``) verify(1) and ``advance``. ``probe`` times each of these steps
 as the engine runs them: the same step functions (``steps.py``) over a storage of their own, captured as CUDA graphs
-(``graphs.OwnGraph``) and replayed where the call's steps are, else eager (on a CPU with ``skinny.py``'s linears around
-the verify and the update, as the loop runs them), for a handful of sizes, and ``CycleCosts`` interpolates between
-them.
+(``graphs.OwnGraph``) and replayed where the call's steps are, else eager, for a handful of sizes, and ``CycleCosts``
+interpolates between them. On a CPU the verify is timed with ``skinny.py``'s few-row linears and without: the faster
+is kept, and the loop runs the verify and the update of that many tokens per row the same way (on this project's CPU
+the few-row product wins; on another machine's BLAS it may not).
 What the host does around the steps per cycle (committing tokens, stopping checks, the host read) is not probed:
 the chooser learns it from the cycles it watches (``chooser.Chooser.overhead``).
 """
@@ -86,6 +87,15 @@ class CycleCosts:
     draft: tuple  # ((top_k, first level, each further level), ...)
     update: tuple  # ((slots kept, seconds), ...)
     advance: float  # the update of a cycle without a tree
+    # Tokens per row (of ``verify``'s sizes) at which the verify ran faster with ``skinny.py``'s few-row linears
+    # than without them (a CPU; measured, since which is faster depends on the machine's BLAS).
+    skinny: tuple = ()
+
+    def few_row_linears(self, q: int) -> bool:
+        """Whether a forward of ``q`` tokens per row runs with the few-row linears: as the verify measured at the
+        largest probed size up to ``q``."""
+        probed = [n for n, _ in self.verify if n <= q] or [self.verify[0][0]]
+        return probed[-1] in self.skinny
 
     def step_seconds(self, tree: TreeConfig) -> float:
         """The steps of one cycle drafting ``tree`` (the host's share of a cycle is not in here)."""
@@ -98,12 +108,12 @@ class CycleCosts:
 
     def as_json(self) -> dict:
         return {"batch": self.batch, "verify": [list(p) for p in self.verify], "draft": [list(p) for p in self.draft],
-                "update": [list(p) for p in self.update], "advance": self.advance}
+                "update": [list(p) for p in self.update], "advance": self.advance, "skinny": list(self.skinny)}
 
     @classmethod
     def from_json(cls, d) -> "CycleCosts":
         """Validated: ValueError naming what is wrong (a file is data, and may be damaged)."""
-        if not isinstance(d, dict) or set(d) != {"batch", "verify", "draft", "update", "advance"}:
+        if not isinstance(d, dict) or set(d) != {"batch", "verify", "draft", "update", "advance", "skinny"}:
             raise ValueError(f"expected the fields of CycleCosts, got {sorted(d) if isinstance(d, dict) else d!r}")
         batch = d["batch"]
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -122,7 +132,11 @@ class CycleCosts:
                 raise ValueError(f"{name}: sizes {[r[0] for r in rows]} are not increasing")
             tables[name] = tuple(tuple(r) for r in rows)
         _check_seconds("advance", d["advance"])
-        return cls(batch, tables["verify"], tables["draft"], tables["update"], float(d["advance"]))
+        sizes = {r[0] for r in tables["verify"]}
+        if not isinstance(d["skinny"], list) or any(q not in sizes or isinstance(q, bool) for q in d["skinny"]):
+            raise ValueError(f"skinny must list verify sizes {sorted(sizes)}, got {d['skinny']!r}")
+        return cls(batch, tables["verify"], tables["draft"], tables["update"], float(d["advance"]),
+                   tuple(d["skinny"]))
 
 
 def _check_seconds(what: str, s) -> None:
@@ -202,10 +216,12 @@ def probe(model, head, cap, batch: int, *, device, sampler=None, graphs: bool = 
     device = torch.device(device)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         setup = _Probe(model, head, cap, batch, device, sampler, graphs, mrope)
-        verify = setup.verify_costs()
+        verify, skinny = setup.verify_costs()
         draft = setup.draft_costs()
-        *update, advance = _timed([setup.timer(setup.update_fn(k)) for k in _KEPT] + [setup.timer(setup.advance_fn())])
-    return CycleCosts(batch, verify, draft, tuple(zip(_KEPT, update)), advance)
+        costs = CycleCosts(batch, verify, draft, (), 0.0, skinny)
+        *update, advance = _timed([setup.timer(setup.update_fn(k, costs.few_row_linears(k))) for k in _KEPT]
+                                  + [setup.timer(setup.advance_fn())])
+    return dataclasses.replace(costs, update=tuple(zip(_KEPT, update)), advance=advance)
 
 
 class _Probe:
@@ -256,9 +272,11 @@ class _Probe:
     def _positions(self, pos):
         return pos[None].expand(3, -1, -1) if self.mrope else pos
 
-    def verify_timer(self, q: int) -> _Timer:
+    def verify_timer(self, q: int, linears=None) -> _Timer:
         """The verify forward over q tokens per row and the acceptance: sampled, captured with it (as the engine's
-        ``accept_step``); greedy, launched after it from the host (as the engine does)."""
+        ``accept_step``); greedy, launched after it from the host (as the engine does). ``linears``: the context its
+        forward runs in (default: the few-row linears on a CPU, where they apply)."""
+        linears = for_rows(self.linears, self.B * q) if linears is None else linears
         buf = self.store.full.for_tree(q, 0)
         D, P = min(q - 1, 8), PREFIX
         write, positions = torch.arange(P, P + q, device=self.dev), self._positions(buf.q_pos)
@@ -266,7 +284,7 @@ class _Probe:
 
         def run():
             set_pointers(target.cache, P)
-            with for_rows(self.linears, self.B * q):  # as the loop runs it
+            with linears:
                 out[0], _ = verify_step(self.model, target, buf, self.cap, write, positions, D)
             if s is not None:
                 accept_step(buf, out[0], s, D)
@@ -275,18 +293,33 @@ class _Probe:
         greedy = None if s is not None else (lambda: accept(tree, out[0], None, D))
         return self.timer(run, greedy)
 
-    def verify_costs(self) -> tuple:
-        """(tokens per row, seconds) from 1 up: until a first round says the verify costs ``_STEEP`` times the
+    def verify_costs(self) -> tuple[tuple, tuple]:
+        """((tokens per row, seconds), ...) from 1 up: until a first round says the verify costs ``_STEEP`` times the
         1-token one (no bigger tree can pay there), or the batch's tokens reach the device's limit (the table
-        extrapolates beyond); then every size timed again, in turns."""
+        extrapolates beyond); then every size timed again, in turns. On a CPU each size of more than one row is also
+        timed without the few-row linears, and keeps the faster (the second item: the sizes where they won)."""
         timers, cap = [], _MAX_TOKENS["cuda" if self.dev.type == "cuda" else "cpu"]
+        both = self.dev.type == "cpu"
         for q in _QS:
-            timers.append(self.verify_timer(q))
-            timers[-1].round()
-            timers[-1].round()  # two rounds before deciding: one can be a slow spell's
-            if (q >= 8 and timers[-1].best > _STEEP * timers[0].best) or self.B * q * 2 > cap:
+            pair = [self.verify_timer(q)]
+            if both and self.B * q > 1:
+                pair.append(self.verify_timer(q, contextlib.nullcontext()))
+            for t in pair:
+                t.round()
+                t.round()  # two rounds before deciding: one can be a slow spell's
+            timers.append(pair)
+            best = min(t.best for t in pair)
+            if (q >= 8 and best > _STEEP * min(t.best for t in timers[0])) or self.B * q * 2 > cap:
                 break
-        return tuple(zip(_QS, _timed(timers)))
+        flat = _timed([t for pair in timers for t in pair])
+        seconds, skinny, i = [], [], 0
+        for q, pair in zip(_QS, timers):
+            mine = flat[i:i + len(pair)]
+            i += len(pair)
+            seconds.append((q, min(mine)))
+            if len(mine) == 2 and mine[0] < mine[1]:
+                skinny.append(q)
+        return tuple(seconds), tuple(skinny)
 
     def draft_fn(self, k: int, depth: int):
         total = min(k + (depth - 1) * k * k, 4 * k)
@@ -300,8 +333,10 @@ class _Probe:
         best = _timed([self.timer(self.draft_fn(k, d)) for k in ks for d in (1, 2)])
         return tuple((k, one, max(two - one, 0.0)) for k, one, two in zip(ks, best[::2], best[1::2]))
 
-    def update_fn(self, kept: int):
-        """The update keeping ``kept`` slots of the probe tree's chain."""
+    def update_fn(self, kept: int, few_rows: bool = True):
+        """The update keeping ``kept`` slots of the probe tree's chain (``few_rows``: with the few-row linears, where
+        the verify of as many tokens measured them faster)."""
+        linears = self.linears if few_rows else contextlib.nullcontext()
         B, dev, buf, target = self.B, self.dev, self.store.full, self.store.target
         feats = torch.randn(B, max(_QS), self.F, generator=self.gen).to(dev, buf.root_out.dtype)
         accept_len = torch.full((B,), kept - 1, dtype=torch.long, device=dev)
@@ -310,7 +345,7 @@ class _Probe:
 
         def run():
             buf.cur.fill_(PREFIX)
-            with self.linears:
+            with linears:
                 update_step(self.head, target, buf, feats, accept_len, path, bonus)
         return run
 

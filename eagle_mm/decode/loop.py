@@ -293,7 +293,7 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     buf = store.buf  # the tree (B, Q) is in the buffers
     positions = buf.q_pos if state.rope_offsets is None else verify_positions(buf.q_pos, state.rope_offsets)
     write = torch.arange(store.cur, store.cur + Q, device=buf.q_pos.device)  # the tree's slots
-    with for_rows(call.linears, store.batch * Q):
+    with _linears(call, store.batch, Q):
         logits, feats = run.verify(call.model, store.in_use(store.cur + Q), buf, call.cap, write, positions, t.depth)
     if dec.sampler is not None and not call.reads_ids:  # input-free warpers: one step with the acceptance
         walk_noise(buf.u, buf.e, dec.generator)  # outside the step, like the draft's
@@ -309,7 +309,7 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     # Keep the path, extend the head and set the next root on the device, then start the cycle's one host read of
     # the accept lengths and new tokens.
     if t.drafts:
-        with call.linears:
+        with _linears(call, store.batch, t.depth + 1):
             packed = run.update(call.head, store.target, buf, feats, accept_len, path, bonus)  # (B, 1 + D+1)
     else:  # no tree: the root's slot kept, the next root set, the head left as it is (no linear: no mode)
         packed = run.advance(store.target, buf, bonus)  # (B, 2)
@@ -329,6 +329,14 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     stats.time_draft += t1 - t0 + t4 - t3
     stats.time_verify += t2 - t1
     stats.time_other += t3 - t2 + time.perf_counter() - t4
+
+
+def _linears(call: _Call, batch: int, q: int):
+    """The context a forward of ``q`` tokens per row at ``batch`` rows runs in: ``skinny.py``'s few-row linears on a
+    CPU where the chooser's probe measured them faster (a user's tree: wherever there are a few rows), else none."""
+    if call.session is not None and not call.session.few_row_linears(batch, q):
+        return contextlib.nullcontext()
+    return for_rows(call.linears, batch * q)
 
 
 def _drop_finished(call: _Call, state: DecodeState) -> None:
