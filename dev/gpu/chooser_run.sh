@@ -2,7 +2,8 @@
 # One lent-GPU call for the chooser (#36) and the refactor (#37): CUDA tests, per-call costs of repeated default
 # calls, the code-tiny matrix, bench_8b; beside them, the CPU matrix on this host's CPU pinned to cores 0-1 (the GPU
 # work runs on cores 2-15). Every output lands in OUTDIR.
-#   bash dev/gpu/chooser_run.sh OUTDIR [STEPS...]    (steps: cudatests calls matrix 8b prof64 cold; cpu runs unless
+#   bash dev/gpu/chooser_run.sh OUTDIR [STEPS...]    (steps: cudatests calls matrix 8b 8b_ab prof64 cold;
+#   8b_ab: bench_8b at accept 4 from .pre37/, the tree before issue 37, then at this checkout; cpu runs unless
 #   NOCPU=1; CPUROWS picks its rows and CPU_DEADLINE, epoch seconds, when it starts no more)
 set -u
 OUT=${1:?usage: chooser_run.sh OUTDIR [STEPS...]}; shift
@@ -31,6 +32,10 @@ for s in $STEPS; do
     matrix) timeout 260 $G python bench/bench_matrix.py --repeats 3 --methods hf_eager hf_static ours \
               --out "$OUT/matrix.json" > "$OUT/matrix.log" 2>&1 ;;
     8b) timeout 110 $G python bench/bench_8b.py --out "$OUT/8b.json" > "$OUT/8b.log" 2>&1 ;;
+    8b_ab) (cd .pre37 && PYTHONPATH=$PWD timeout 100 $G python bench/bench_8b.py --accept 4 --modes ceiling ours_default \
+              --out "$OUT/8b_pre37.json" > "$OUT/8b_pre37.log" 2>&1)
+           timeout 100 $G python bench/bench_8b.py --accept 4 --modes ceiling ours_default --out "$OUT/8b_head.json" \
+             > "$OUT/8b_head.log" 2>&1 ;;
     prof64) timeout 90 $G python dev/gpu/profile_engine.py --out "$OUT/prof" --parts batch64 > "$OUT/prof64.log" 2>&1 ;;
     cold) timeout 150 $G python bench/bench_cold.py --out "$OUT/cold.json" > "$OUT/cold.log" 2>&1 ;;
   esac
