@@ -558,6 +558,46 @@ def test_a_tree_new_at_a_batch_must_pay_for_its_capture(stand_in, remaining):
     assert chosen == (held.tree if remaining == 8 else ranked[0].tree)
 
 
+def _stats(forwards: int) -> SimpleNamespace:
+    return SimpleNamespace(num_target_forwards=forwards, num_drafts=forwards, accept_counts=[0] * 8, time_draft=0.0,
+                           time_verify=1e-3 * forwards, time_other=0.0)
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+def test_under_cuda_graphs_a_call_keeps_its_tree_as_rows_finish(stand_in, graphs):
+    """Replayed as CUDA graphs, a call keeps its first tree as its batch shrinks (its choice counted the captures at
+    the smaller batches): a new choice at each batch made each call's path of trees differ from the last call's, and
+    timed calls captured again. Eagerly, nothing is captured: it chooses again at the new batch."""
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    s = Session.start(c, model=model, head=head, cap=None, batch=16, gen=SimpleNamespace(do_sample=False),
+                      sampler=None, mode=None, max_depth=64, max_top_k=96, shrinks=True)
+    s.captures = graphs
+    first = s.tree
+    s.next_tree(16, _stats(0), 0.0)
+    s.next_tree(16, _stats(1), 0.0)
+    got = s.next_tree(4, _stats(2), 0.0)
+    if graphs:
+        assert got == first and len(s.choices) == 1
+        assert {(s.kind, 16, first), (s.kind, 4, first)} <= set(c.held)
+    else:
+        assert [ch.why for ch in s.choices] == ["first", "rows finished"] and s.choices[-1].batch == 4
+
+
+def test_a_capture_is_charged_at_every_batch_the_call_goes_on_with(stand_in):
+    """A tree's captures cost the call at its batch and at each power of two below it that it shrinks to, wherever
+    the runner holds no graphs of it yet."""
+    assert chooser_mod.path_batches(16) == [16, 8, 4, 2, 1] and chooser_mod.path_batches(6) == [6, 4, 2, 1]
+    c, s = _graph_session(stand_in, 100)
+    c.captures[s.kind] = collections.deque([0.2])
+    tree = TreeConfig.chain(3)
+    assert s._charge(16)(tree) == pytest.approx(5 * 0.2)
+    c.hold(s.kind, 16, tree)
+    c.hold(s.kind, 8, tree)
+    assert s._charge(16)(tree) == pytest.approx(3 * 0.2) and s._charge(16)(TreeConfig.chain(2)) == pytest.approx(1.0)
+
+
 def test_the_held_graphs_follow_the_storage_and_the_runners_limit(stand_in):
     c, s = _graph_session(stand_in, 100)
     c.sync(1)

@@ -236,7 +236,7 @@ def test_split_merge_in_several_tiles(monkeypatch):
     """The walk merges the splits' keys a tile of columns at a time; with 2-column tiles, 5 splits take
     three loads (the last one half masked), and ties across splits still go to the lowest index."""
     from eagle_mm.kernels import triton_greedy
-    monkeypatch.setattr(triton_greedy, "_MERGE_TILE", 16)  # block 8 (N+1 = 7) -> 2 splits per tile
+    monkeypatch.setattr(triton_greedy, "_MERGE_TILE", 128)  # block 64 (at least; N+1 = 7) -> 2 splits per tile
     set_tiling(monkeypatch, 16, 5)
     V = 300
     logits, tokens, parent, depth, D = make_case(2, 7, V, torch.float32, seed=11)

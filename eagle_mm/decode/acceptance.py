@@ -120,6 +120,7 @@ class Acceptance:
     counts: dict = field(default_factory=dict)  # TreeConfig -> [drafts whose accepted length >= i + 1] (faded)
     fitted: tuple[float, float] | None = None
     _tables: dict = field(default_factory=dict, repr=False)  # TreeConfig -> _grid_rates(tree)
+    _lengths: dict = field(default_factory=dict, repr=False)  # (a, t) of the grid -> {TreeConfig: expected length}
 
     def observe(self, tree: TreeConfig, drafts: int, counts: list) -> None:
         """Add ``drafts`` (row, cycle) drafts of ``tree`` and how many of them accepted >= i + 1 tokens."""
@@ -157,4 +158,10 @@ class Acceptance:
         return self.fitted
 
     def expected_lengths(self, trees) -> dict[TreeConfig, float]:
-        return expected_lengths(*self.fit(), trees)
+        """``expected_lengths`` at the fitted (a, t), kept per point of the grid: the fit moves among few of them,
+        and a choice ranks a few hundred trees."""
+        known = self._lengths.setdefault(self.fit(), {})
+        missing = [t for t in trees if t not in known]
+        if missing:
+            known.update(expected_lengths(*self.fit(), missing))
+        return {t: known[t] for t in trees}

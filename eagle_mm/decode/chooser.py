@@ -15,9 +15,12 @@ later calls reuse the buffers and the graphs captured on them), and the choice m
 (rows finish) or the fitted acceptance moves the best tree clearly past the one running.
 
 Where the steps replay as CUDA graphs, a tree not yet captured at a batch costs its capture once (measured: the
-seconds the cycles that captured took beyond the steps). The choice weighs it against what the tree would save on
-the tokens left: a tree runs at a new batch or replaces the running one only where it pays for its capture within
-the call. The chooser mirrors which (batch, tree) the runner holds graphs for (``graphs.MAX_GRAPHS`` per step).
+seconds the cycles that captured took beyond the steps), at the call's batch and at every smaller batch the call
+goes on with as rows finish: there the call keeps its tree (a new choice at each smaller batch made each call's path
+of trees differ from the last one's, so that timed calls captured again, and a choice took milliseconds of a
+cycle's few). A call's first choice weighs the captures against what the tree would save on ``_AMORTIZE`` calls'
+tokens (the graphs serve the calls after it too), a switch within the call against its own tokens left. The
+chooser mirrors which (batch, tree) the runner holds graphs for (``graphs.MAX_GRAPHS`` per step).
 
 What the probe and the per-cycle share miss, each call measures: the whole call's decode time against what its first
 choice predicted for the tokens its longest row took (``Chooser.realized``, apart for calls with and without a tree).
@@ -43,7 +46,8 @@ from .graphs import MAX_GRAPHS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Finalist", "TreeChoice", "Chooser", "Session", "candidate_trees", "rank_trees", "setting_of", "MAX_TOP_K"]
+__all__ = ["Finalist", "TreeChoice", "Chooser", "Session", "candidate_trees", "rank_trees", "setting_of", "MAX_TOP_K",
+           "path_batches"]
 
 _TOTALS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 _TOP_KS = (2, 4, 6, 8)
@@ -52,7 +56,9 @@ _SWITCH = 1.05  # within a call, a new tree must promise this much more than the
 _REFIT_SECONDS = 0.5  # within a call, the choice is reviewed (acceptance fitted again) at most this often
 _REFIT_CYCLES = 16  # ... and after this many cycles
 _FINALISTS = 3
-_CAPTURE_PRIOR = 0.05  # seconds a tree's capture at a new batch is taken to cost before one has been watched
+_CAPTURE_PRIOR = 0.15  # seconds a tree's capture at a new batch is taken to cost before one has been watched
+# (H100, code-tiny: a default call's path of five batches captured in 0.87 s, one of seven in 0.79 s)
+_AMORTIZE = 4  # a call's first choice counts a capture against this many calls' tokens: later calls replay it
 _SAMPLED_BYTES = 1 << 30  # a sampled tree's proposals (batch x nodes x vocabulary, fp32) stay within this
 _REALIZED_CALLS = 5  # the realized-time ratio is the median of the last calls' of its kind, batch and setting
 _REALIZED_MIN_CYCLES = 4  # a call of fewer cycles says little of how a long one goes
@@ -310,19 +316,20 @@ class Session:
         return self.chooser.rank(lengths, self.table, self.kind, batch, self.setting)
 
     def _charge(self, batch: int):
-        """tree -> the seconds its capture at ``batch`` would add to the call (0 where the graphs are held, or the
-        steps are not captured)."""
+        """tree -> the seconds its captures would add to the call: at ``batch`` and at each smaller batch the call
+        goes on with as rows finish (``path_batches``), where the runner holds no graphs of it (0 where the steps are
+        not captured)."""
         if not self.captures:
             return lambda tree: 0.0
         c = self.chooser
-        cost = c.capture_seconds(self.kind)
-        return lambda tree: 0.0 if (self.kind, batch, tree) in c.held else cost
+        cost, path = c.capture_seconds(self.kind), path_batches(batch)
+        return lambda tree: cost * sum((self.kind, b, tree) not in c.held for b in path)
 
-    def _seconds_left(self, batch: int, remaining: int):
-        """Finalist -> the seconds the call's ``remaining`` tokens per row would take with its tree, its capture
-        included."""
+    def _seconds_left(self, batch: int, remaining: int, calls: int = 1):
+        """Finalist -> the seconds ``calls`` calls of the ``remaining`` tokens per row would take with its tree, its
+        captures included (once)."""
         charge = self._charge(batch)
-        return lambda f: remaining * f.cycle_seconds / f.accept_length + charge(f.tree)
+        return lambda f: calls * remaining * f.cycle_seconds / f.accept_length + charge(f.tree)
 
     def _choose(self, batch: int, why: str, cycle: int = 0) -> TreeChoice:
         """The tree that finishes the call's remaining tokens soonest at ``batch``, its capture included; the one the
@@ -330,7 +337,7 @@ class Session:
         capture, or to compile)."""
         ranked = self.rank(batch)
         key = (batch, self.kind, self.setting)
-        left = self._seconds_left(batch, self.remaining)
+        left = self._seconds_left(batch, self.remaining, _AMORTIZE if why == "first" else 1)
         best = min(ranked, key=left)  # ties: the faster rate, then the smaller tree (``ranked``'s order)
         last = next((f for f in ranked if f.tree == self.chooser.last.get(key)), None)
         if last is not None and left(last) <= _SWITCH * left(best):
@@ -359,7 +366,9 @@ class Session:
             return self.tree
         now = time.perf_counter()
         why = None
-        if batch != self._batch:
+        if batch != self._batch and self.captures:  # the call keeps its tree, whose captures its choice counted
+            self._batch = batch
+        elif batch != self._batch:
             why = "rows finished"
         elif self._cycles >= _REFIT_CYCLES and now - self._fit_at >= _REFIT_SECONDS:
             self._fit_at, self._cycles = now, 0
@@ -427,6 +436,12 @@ class Session:
         recent = self.chooser.residuals.setdefault(key, collections.deque(maxlen=15))
         recent.append(cycle - steps)
         self.chooser.overhead[key] = max(0.0, statistics.median(recent))
+
+
+def path_batches(batch: int) -> list[int]:
+    """The batches a call of ``batch`` rows runs at under CUDA graphs as its rows finish: its own, then each power of
+    two below it (``storage.plan``)."""
+    return [batch] + [1 << i for i in range((batch - 1).bit_length() - 1, -1, -1) if 1 << i < batch]
 
 
 def _envelope(trees) -> TreeConfig:

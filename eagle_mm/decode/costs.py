@@ -90,6 +90,8 @@ class CycleCosts:
     # Tokens per row (of ``verify``'s sizes) at which the verify ran faster with ``skinny.py``'s few-row linears
     # than without them (a CPU; measured, since which is faster depends on the machine's BLAS).
     skinny: tuple = ()
+    # tree -> step_seconds(tree): the chooser ranks a few hundred trees per choice, each read through the tables' fits
+    _seconds: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def few_row_linears(self, q: int) -> bool:
         """Whether a forward of ``q`` tokens per row runs with the few-row linears: as the verify measured at the
@@ -99,12 +101,18 @@ class CycleCosts:
 
     def step_seconds(self, tree: TreeConfig) -> float:
         """The steps of one cycle drafting ``tree`` (the host's share of a cycle is not in here)."""
+        seconds = self._seconds.get(tree)
+        if seconds is not None:
+            return seconds
         if not tree.drafts:
-            return _line(self.verify, 1) + self.advance
-        firsts = [(k, f) for k, f, _ in self.draft]
-        levels = [(k, lv) for k, _, lv in self.draft]
-        draft = _line(firsts, tree.top_k) + (tree.depth - 1) * _line(levels, tree.top_k)
-        return _line(self.verify, tree.total_tokens + 1) + draft + _line(self.update, tree.depth + 1)
+            seconds = _line(self.verify, 1) + self.advance
+        else:
+            firsts = [(k, f) for k, f, _ in self.draft]
+            levels = [(k, lv) for k, _, lv in self.draft]
+            draft = _line(firsts, tree.top_k) + (tree.depth - 1) * _line(levels, tree.top_k)
+            seconds = _line(self.verify, tree.total_tokens + 1) + draft + _line(self.update, tree.depth + 1)
+        self._seconds[tree] = seconds
+        return seconds
 
     def as_json(self) -> dict:
         return {"batch": self.batch, "verify": [list(p) for p in self.verify], "draft": [list(p) for p in self.draft],

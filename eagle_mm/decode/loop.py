@@ -276,6 +276,7 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     read, commit."""
     dec, stats = call.dec, call.stats
     run, store = dec.runner, dec.storage
+    ts = time.perf_counter()
     if state.shrink:  # rows finished: the storage goes on with the others (compiled runs keep their batch)
         _drop_finished(call, state)
     if call.session is not None:  # the chooser watches each cycle, and picks again when rows finished
@@ -328,7 +329,7 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     store.cur += max(acc) + 1  # the host's copy of the write pointer, as update_step moved the device's
     stats.time_draft += t1 - t0 + t4 - t3
     stats.time_verify += t2 - t1
-    stats.time_other += t3 - t2 + time.perf_counter() - t4
+    stats.time_other += t0 - ts + t3 - t2 + time.perf_counter() - t4  # dropping rows and choosing the tree too
 
 
 def _linears(call: _Call, batch: int, q: int):

@@ -33,6 +33,8 @@ except ImportError:  # a Triton without grid dependency control: the walk is nev
 __all__ = ["verify_greedy_triton"]
 
 _MIN_KEY = tl.constexpr(-9223372036854775807)  # below every order key
+_MIN_BLOCK = 64  # lanes of the walk at least
+_MAX_SPLITS = 64  # splits of the argmax over V at most (``_settings``)
 _MERGE_TILE = 8192  # int64 keys per merge load in the walk (tests shrink it to run several tiles)
 
 
@@ -131,7 +133,10 @@ def _slice_key_packed(logits_ptr, r, s, n_nodes, V, chunk, stride_b, stride_n, B
     return key
 
 
-@triton.jit
+# Sizes that vary with the tree and the batch are not specialized on (Triton compiles a variant per value that is 1
+# or a multiple of 16): one build serves every tree, where each new size used to compile again (nine builds, 2.7 s,
+# in a first call on a fresh H100, most of them for the chooser's probe of seven tree sizes).
+@triton.jit(do_not_specialize=["n_nodes", "R"])
 def _argmax_partial(logits_ptr, part_key_ptr, n_nodes, V, chunk, stride_b, stride_n, R,
                     BLOCK_V: tl.constexpr, PACKED: tl.constexpr, PDL: tl.constexpr):
     # grid (R = B * (N+1), S): program (row-node r, split s) -> part_key[s, r].
@@ -176,7 +181,7 @@ def _accepted(ok, parent, lift_rounds):
     return flag
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_nodes", "S", "R", "lift_rounds", "max_depth"])
 def _walk_tree(part_key_ptr, tokens_ptr, parent_ptr, depth_ptr, target_ptr, accept_ptr, best_ptr, bonus_ptr,
                path_ptr, n_nodes, S, R, lift_rounds, max_depth, stride_tok, stride_par, stride_dep,
                BLOCK: tl.constexpr, S_TILE: tl.constexpr, WITH_PATH: tl.constexpr, PDL: tl.constexpr):
@@ -245,7 +250,7 @@ def _settings(logits: torch.Tensor, rows: int) -> tuple[int, int, int]:
     if logits.device.type != "cuda":
         return block_v, num_warps, 1
     index = logits.device.index if logits.device.index is not None else torch.cuda.current_device()
-    return block_v, num_warps, max(1, min(per_sm * _device_facts(index)[0] // rows, triton.cdiv(V, block_v), 64))
+    return block_v, num_warps, max(1, min(per_sm * _device_facts(index)[0] // rows, triton.cdiv(V, block_v), _MAX_SPLITS))
 
 
 def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent: torch.Tensor,
@@ -257,7 +262,8 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
     and under the interpreter).
     """
     B, n_nodes, V = logits.shape
-    block = triton.next_power_of_2(max(n_nodes, max_depth + 1))
+    # At least 64 lanes: every tree up to 63 nodes shares one build (a lane past the tree costs nothing to speak of).
+    block = max(_MIN_BLOCK, triton.next_power_of_2(max(n_nodes, max_depth + 1)))
     if block > 1024:
         raise ValueError(f"the walk holds at most 1024 nodes per row, got max(N+1, max_depth+1) = "
                          f"{max(n_nodes, max_depth + 1)}")
@@ -282,7 +288,8 @@ def verify_greedy_triton(logits: torch.Tensor, tree_tokens: torch.Tensor, parent
     target, path = target.view(B, n_nodes), path.view(B, -1)
     _argmax_partial[(B * n_nodes, S)](logits, part_key, n_nodes, V, chunk, logits.stride(0), logits.stride(1),
                                       B * n_nodes, BLOCK_V=block_v, PACKED=packed, PDL=pdl, num_warps=num_warps)
-    s_tile = min(triton.next_power_of_2(S), max(1, _MERGE_TILE // block))  # (s_tile, block) keys per load
+    # (s_tile, block) keys per load: every split count (at most _MAX_SPLITS) in one tile, one build for all
+    s_tile = min(_MAX_SPLITS, max(1, _MERGE_TILE // block))
     launch = {"launch_pdl": True} if pdl else {}  # the interpreter knows no such option
     # ceil(log2(max_depth + 1)) pointer-jumping rounds cover every chain.
     _walk_tree[(B,)](part_key, tree_tokens, parent, depth, target, accept, best, bonus,
