@@ -16,6 +16,19 @@ import eagle_mm
 from eagle_mm import zoo
 
 
+def row_inputs(m, row: str, dev, new_tokens: int):
+    """("greedy"|"sampled", batch, generate kwargs) of a row named like "sampled16": code-tiny's validation prompts
+    repeated to fill the batch (left-padded), every row decoding ``new_tokens``."""
+    mode, batch = row.rstrip("0123456789"), int(row[len(row.rstrip("0123456789")):])
+    tok = m.tokenizer
+    tok.padding_side = "left"
+    tok.pad_token = tok.pad_token or tok.eos_token
+    prompts = (m.prompts * (batch // len(m.prompts) + 1))[:batch]
+    enc = dict(tok(prompts, return_tensors="pt", padding=True).to(dev))
+    sample = dict(do_sample=True, temperature=0.8, top_p=0.95) if mode == "sampled" else dict(do_sample=False)
+    return mode, batch, dict(**enc, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **sample)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rows", nargs="+", default=["greedy1", "greedy16", "greedy64", "sampled64"])
@@ -25,16 +38,10 @@ def main() -> None:
     args = p.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     m = zoo.load("code-tiny", device=dev)
-    model, head, tok = m.target, m.eagle3_head, m.tokenizer
-    tok.padding_side = "left"
-    tok.pad_token = tok.pad_token or tok.eos_token
+    model, head = m.target, m.eagle3_head
     rows = []
     for row in args.rows:
-        mode, batch = row.rstrip("0123456789"), int(row[len(row.rstrip("0123456789")):])
-        prompts = (m.prompts * (batch // len(m.prompts) + 1))[:batch]
-        enc = dict(tok(prompts, return_tensors="pt", padding=True).to(dev))
-        sample = dict(do_sample=True, temperature=0.8, top_p=0.95) if mode == "sampled" else dict(do_sample=False)
-        kw = dict(**enc, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, **sample)
+        mode, batch, kw = row_inputs(m, row, dev, args.new_tokens)
         dec = eagle_mm.decoder(model, head)
         for i in range(args.calls):
             torch.cuda.synchronize() if dev.type == "cuda" else None

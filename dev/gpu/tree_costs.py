@@ -22,6 +22,8 @@ from eagle_mm import zoo
 from eagle_mm.config import TreeConfig
 from eagle_mm.decode.costs import cycle_seconds
 
+from chooser_calls import row_inputs  # dev/gpu, this script's folder
+
 TREES = ["none", "2/1/2", "3/1/3", "4/2/6", "4/4/16", "3/8/48", "5/8/64", "6/8/48"]
 
 
@@ -45,9 +47,7 @@ def main() -> None:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     m = zoo.load("code-tiny", device=dev)
-    model, head, tok = m.target, m.eagle3_head, m.tokenizer
-    tok.padding_side = "left"
-    tok.pad_token = tok.pad_token or tok.eos_token
+    model, head = m.target, m.eagle3_head
     out = []
 
     def emit(rec):
@@ -55,11 +55,7 @@ def main() -> None:
         print(json.dumps(rec), flush=True)
 
     for row in args.rows:
-        mode, batch = row.rstrip("0123456789"), int(row[len(row.rstrip("0123456789")):])
-        prompts = (m.prompts * (batch // len(m.prompts) + 1))[:batch]
-        enc = dict(tok(prompts, return_tensors="pt", padding=True).to(dev))
-        sample = dict(do_sample=True, temperature=0.8, top_p=0.95) if mode == "sampled" else dict(do_sample=False)
-        kw = dict(**enc, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, **sample)
+        mode, batch, kw = row_inputs(m, row, dev, args.new_tokens)
         dec = eagle_mm.decoder(model, head)
 
         def timed(**extra):
