@@ -223,3 +223,20 @@ def test_captures_take_turns_and_leave_other_threads_work_legal(monkeypatch):
     for t in threads:
         t.join()
     assert state["modes"] == ["thread_local"] * 2 and state["most"] == 1
+
+
+def test_a_runners_setup_never_falls_when_its_graphs_are_dropped():
+    """A call reads what it spent capturing as the runner's setup after it less before it: dropping the graphs (new
+    memory) must not make that negative, or a call that captured every step again passes for one that did not."""
+    from eagle_mm.decode.runner import Runner
+
+    class Spent:
+        setup, captures = 0.7, 3
+
+    r = Runner()
+    r._wrapped[("verify", "graphs")] = Spent()
+    before = r.setup
+    r.reset()
+    assert r.setup == before == 0.7 and not r._wrapped
+    r._wrapped[("verify", "graphs")] = Spent()
+    assert r.setup == pytest.approx(1.4)

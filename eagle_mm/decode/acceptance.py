@@ -1,21 +1,26 @@
-"""How many tokens a draft tree commits per cycle, for any tree shape, from two numbers about the head.
+"""How many tokens a draft tree commits per cycle, for any tree shape, from three numbers about the head.
 
 The model, per model, head and decoding setting:
-  a  the chance that the head's first choice at a node is the target's next token, given that the path to the
-     node was accepted;
+  a  the chance that the head's first choice at the root is the target's next token;
+  c  the same chance at a deeper node, given that the path to it was accepted: a head that got the first token right
+     has the target's features right and is right more often after it (code-tiny's chain of 8, greedy on a CPU:
+     0.64 at the first position, then 0.78-0.97 for each next one given the last; two numbers with c = a
+     underestimated its deep trees by up to a third, and the chooser drafted shallower trees than a fixed table);
   t  of what the first choice misses, the share each further choice catches: the head's r-th choice is the
-     target's token with chance p(r) = (1 - a) * t * (1 - t)**(r - 2) for r >= 2 (p(1) = a).
+     target's token with chance p(r) = (1 - f) * t * (1 - t)**(r - 2) for r >= 2 (p(1) = f, f = a or c).
 A node is accepted with the product of p(rank) along its path. EAGLE-2's dynamic tree keeps the nodes the head is
 most confident in; with that confidence replaced by these averages, the tree of (depth, top_k, total_tokens) is
 built by the same rule (``draft.draft_candidates``, ``tree.select_tree``): a frontier of the top_k best nodes per
 level, top_k children each, and the total_tokens best nodes of all levels kept. At most one node per depth is
 accepted, so P(accepted length >= i) is the sum of the kept nodes' chances at depth i, and the expected tokens per
-cycle is 1 (the target's own token) plus the sum over all kept nodes. A chain of depth d commits 1 + a + ... + a**d.
+cycle is 1 (the target's own token) plus the sum over all kept nodes. A chain of depth d commits
+1 + a + a c + ... + a c**(d - 1).
 
-``Acceptance`` fits (a, t) to what decoding observes, per tree shape run: drafts and per-position acceptance counts
-(what ``SpeculativeStats.accept_counts`` holds), by least squares over a grid, weighted by drafts, with a weak prior.
-Older observations fade, so the estimate follows a drift. The replay of ``autotree.calibrate`` feeds it the same
-way. Everything here is a pure function of the numbers given, except ``Acceptance``, which keeps its observations.
+``Acceptance`` fits (a, t, c) to what decoding observes, per tree shape run: drafts and per-position acceptance
+counts (what ``SpeculativeStats.accept_counts`` holds), by least squares over a grid, weighted by drafts, with a weak
+prior. Older observations fade, so the estimate follows a drift. The replay of ``autotree.calibrate`` feeds it the
+same way. Everything here is a pure function of the numbers given, except ``Acceptance``, which keeps its
+observations.
 """
 from __future__ import annotations
 
@@ -28,16 +33,20 @@ from ..config import TreeConfig
 
 __all__ = ["rank_chances", "position_rates", "expected_lengths", "Acceptance", "PRIOR"]
 
-PRIOR = (0.6, 0.3)  # (a, t) before anything is observed: a head that is often right, as trained heads are
+# (a, t, c) before anything is observed: a head that is often right, as trained heads are, and more often below the
+# root (the chain data above); the fit leaves it as soon as a tree's counts say otherwise.
+PRIOR = (0.6, 0.3, 0.8)
 _PRIOR_DRAFTS = 8.0  # the prior weighs as much as this many drafts
 _WINDOW = 4096.0  # drafts over which an observation fades to 1/e: the estimate follows a drift
-_A = torch.linspace(0.01, 0.99, 50, dtype=torch.float64)
-_T = torch.linspace(0.0, 0.9, 19, dtype=torch.float64)
-GRID = torch.cartesian_prod(_A, _T)  # (G, 2): every (a, t) the fit considers
+_A = torch.linspace(0.02, 0.98, 49, dtype=torch.float64)
+_T = torch.linspace(0.0, 0.9, 10, dtype=torch.float64)
+_C = torch.linspace(0.05, 0.95, 19, dtype=torch.float64)
+GRID = torch.cartesian_prod(_A, _T, _C)  # (G, 3): every (a, t, c) the fit considers
 
 
 def rank_chances(a, t, k: int):
-    """p(1..k): the chance that the head's r-th choice is the target's token. a, t: floats or (G,) tensors."""
+    """p(1..k): the chance that the head's r-th choice is the target's token, its first choice right with chance
+    ``a`` (the root's a, or a deeper node's c). a, t: floats or (G,) tensors."""
     if isinstance(a, torch.Tensor):
         r = torch.arange(2, k + 1, dtype=a.dtype)
         rest = (1 - a)[:, None] * t[:, None] * (1 - t)[:, None] ** (r - 2)
@@ -45,22 +54,23 @@ def rank_chances(a, t, k: int):
     return [a] + [(1 - a) * t * (1 - t) ** (r - 2) for r in range(2, k + 1)]
 
 
-def _levels(p: list[float], k: int, depth: int) -> list[list[float]]:
+def _levels(a: float, t: float, c: float, k: int, depth: int) -> list[list[float]]:
     """The chances of every candidate, per level (creation order does not matter for sums): level 1 holds the
     root's k children, each further level the k children of the k best nodes of the level before."""
-    levels, front = [list(p[:k])], list(p[:k])
+    first, deeper = rank_chances(a, t, k), rank_chances(c, t, k)
+    levels, front = [first], first
     for _ in range(1, depth):
-        children = [v * q for v in front for q in p[:k]]
+        children = [v * q for v in front for q in deeper]
         levels.append(children)
         front = heapq.nlargest(k, children)
     return levels
 
 
-def position_rates(a: float, t: float, tree: TreeConfig) -> list[float]:
-    """[i]: P(accepted length >= i + 1) for ``tree`` under (a, t)."""
+def position_rates(a: float, t: float, tree: TreeConfig, c: float | None = None) -> list[float]:
+    """[i]: P(accepted length >= i + 1) for ``tree`` under (a, t, c); c = a when not given."""
     if not tree.drafts:
         return []
-    levels = _levels(rank_chances(a, t, tree.top_k), tree.top_k, tree.depth)
+    levels = _levels(a, t, a if c is None else c, tree.top_k, tree.depth)
     kept = heapq.nlargest(tree.total_tokens, ((v, d) for d, level in enumerate(levels) for v in level))
     rates = [0.0] * tree.depth
     for v, d in kept:
@@ -68,9 +78,10 @@ def position_rates(a: float, t: float, tree: TreeConfig) -> list[float]:
     return rates
 
 
-def expected_lengths(a: float, t: float, trees) -> dict[TreeConfig, float]:
-    """Expected tokens per cycle (the target's own included) of each tree under (a, t); one pass per top_k, so a
-    grid of trees costs little more than its widest member."""
+def expected_lengths(a: float, t: float, trees, c: float | None = None) -> dict[TreeConfig, float]:
+    """Expected tokens per cycle (the target's own included) of each tree under (a, t, c), c = a when not given;
+    one pass per top_k, so a grid of trees costs little more than its widest member."""
+    c = a if c is None else c
     out, by_k = {}, {}
     for tree in trees:
         if not tree.drafts:
@@ -79,7 +90,7 @@ def expected_lengths(a: float, t: float, trees) -> dict[TreeConfig, float]:
             by_k.setdefault(tree.top_k, []).append(tree)
     for k, group in by_k.items():
         depth, most = max(t_.depth for t_ in group), max(t_.total_tokens for t_ in group)
-        levels = _levels(rank_chances(a, t, k), k, depth)
+        levels = _levels(a, t, c, k, depth)
         best: list[float] = []  # the `most` largest chances of levels 1..d, largest first
         sums = {}
         for d, level in enumerate(levels, start=1):
@@ -96,31 +107,36 @@ def expected_lengths(a: float, t: float, trees) -> dict[TreeConfig, float]:
 
 
 def _grid_rates(tree: TreeConfig) -> torch.Tensor:
-    """(G, depth): ``position_rates`` at every (a, t) of ``GRID`` at once."""
+    """(G, depth): ``position_rates`` at every (a, t, c) of ``GRID`` at once."""
     k, G = tree.top_k, GRID.shape[0]
-    p = rank_chances(GRID[:, 0], GRID[:, 1], k)  # (G, k)
-    values, depths, front = [p], [torch.zeros(k, dtype=torch.long)], p
+    first = rank_chances(GRID[:, 0], GRID[:, 1], k).float()  # (G, k)
+    deeper = rank_chances(GRID[:, 2], GRID[:, 1], k).float()  # (G, k)
+    values, depths, front = [first], [torch.zeros(k, dtype=torch.long)], first
     for d in range(1, tree.depth):
-        children = (front[:, :, None] * p[:, None, :]).reshape(G, k * k)
+        children = (front[:, :, None] * deeper[:, None, :]).reshape(G, k * k)
         values.append(children)
         depths.append(torch.full((k * k,), d, dtype=torch.long))
         front = children.topk(k, dim=1).values
     values, depths = torch.cat(values, 1), torch.cat(depths)
     top = values.topk(tree.total_tokens, dim=1)
-    rates = torch.zeros(G, tree.depth, dtype=values.dtype)
-    return rates.scatter_add_(1, depths[top.indices], top.values)
+    rates = torch.zeros(G, tree.depth, dtype=torch.float64)
+    return rates.scatter_add_(1, depths[top.indices], top.values.double())
 
 
 @dataclass
 class Acceptance:
-    """The running estimate of (a, t) for one model, head and setting, from the trees decoding ran."""
+    """The running estimate of (a, t, c) for one model, head and setting, from the trees decoding ran."""
 
-    prior: tuple[float, float] = PRIOR
+    prior: tuple[float, float, float] = PRIOR
     drafts: dict = field(default_factory=dict)  # TreeConfig -> drafts observed (faded)
     counts: dict = field(default_factory=dict)  # TreeConfig -> [drafts whose accepted length >= i + 1] (faded)
-    fitted: tuple[float, float] | None = None
+    fitted: tuple[float, float, float] | None = None
     _tables: dict = field(default_factory=dict, repr=False)  # TreeConfig -> _grid_rates(tree)
-    _lengths: dict = field(default_factory=dict, repr=False)  # (a, t) of the grid -> {TreeConfig: expected length}
+    _lengths: dict = field(default_factory=dict, repr=False)  # (a, t, c) of the grid -> {TreeConfig: length}
+
+    def __post_init__(self):
+        if len(self.prior) != 3 or not all(0.0 <= v <= 1.0 for v in self.prior):
+            raise ValueError(f"prior must be (a, t, c), each in [0, 1], got {self.prior!r}")
 
     def observe(self, tree: TreeConfig, drafts: int, counts: list) -> None:
         """Add ``drafts`` (row, cycle) drafts of ``tree`` and how many of them accepted >= i + 1 tokens."""
@@ -142,26 +158,27 @@ class Acceptance:
         """Drafts observed (faded)."""
         return sum(self.drafts.values())
 
-    def fit(self) -> tuple[float, float]:
-        """(a, t) minimising the drafts-weighted squared error of the per-position rates, plus the prior's pull."""
+    def fit(self) -> tuple[float, float, float]:
+        """(a, t, c) minimising the drafts-weighted squared error of the per-position rates, plus the prior's pull."""
         if self.fitted is not None:
             return self.fitted
-        a0, t0 = self.prior
-        loss = _PRIOR_DRAFTS * ((GRID[:, 0] - a0) ** 2 + 0.25 * (GRID[:, 1] - t0) ** 2)
+        a0, t0, c0 = self.prior
+        loss = _PRIOR_DRAFTS * ((GRID[:, 0] - a0) ** 2 + 0.25 * (GRID[:, 1] - t0) ** 2 + (GRID[:, 2] - c0) ** 2)
         for tree, n in self.drafts.items():
             if tree not in self._tables:
                 self._tables[tree] = _grid_rates(tree)
             seen = torch.tensor(self.counts[tree], dtype=torch.float64) / n
             loss = loss + n * ((self._tables[tree] - seen) ** 2).sum(1)
         best = GRID[int(loss.argmin())]
-        self.fitted = (float(best[0]), float(best[1]))
+        self.fitted = (float(best[0]), float(best[1]), float(best[2]))
         return self.fitted
 
     def expected_lengths(self, trees) -> dict[TreeConfig, float]:
-        """``expected_lengths`` at the fitted (a, t), kept per point of the grid: the fit moves among few of them,
-        and a choice ranks a few hundred trees."""
-        known = self._lengths.setdefault(self.fit(), {})
-        missing = [t for t in trees if t not in known]
+        """``expected_lengths`` at the fitted (a, t, c), kept per point of the grid: the fit moves among few of
+        them, and a choice ranks a few hundred trees."""
+        a, t, c = self.fit()
+        known = self._lengths.setdefault((a, t, c), {})
+        missing = [tr for tr in trees if tr not in known]
         if missing:
-            known.update(expected_lengths(*self.fit(), missing))
-        return {t: known[t] for t in trees}
+            known.update(expected_lengths(a, t, missing, c))
+        return {tr: known[tr] for tr in trees}

@@ -173,7 +173,7 @@ def calibrate_acceptance(model, head, prompts, acceptance: Acceptance, *, trees=
                        max_depth=max(t.depth for t in trees), max_new_tokens=max_new_tokens)
     for tree in trees:
         acceptance.observe(tree, *replay.counts(tree))
-    logger.info("tree='auto': replayed acceptance %s; fitted (a, t) = %s",
+    logger.info("tree='auto': replayed acceptance %s; fitted (a, t, c) = %s",
                 {str(t): round(replay.mean_accept_length(t), 2) for t in trees}, acceptance.fit())
     return replay
 

@@ -1,6 +1,6 @@
 """The default call's draft tree, or no tree, chosen from what a cycle costs here and what the head gets accepted.
 
-A tree commits E[L] tokens per row and cycle (``acceptance.py``: from two numbers fitted to what decoding
+A tree commits E[L] tokens per row and cycle (``acceptance.py``: from three numbers fitted to what decoding
 observes) and a cycle costs T seconds at the batch that runs (``costs.py``: the engine's steps, probed once per
 machine, model and batch and kept on disk by ``cost_cache.py``, plus the host's share per cycle, learned from the
 cycles watched). The chooser takes the tree with the most tokens per second, E[L] / T, over a grid of chains and
@@ -107,7 +107,7 @@ class TreeChoice:
     batch: int
     why: str  # "first", "rows finished", "acceptance or costs moved", "kept (compiled)"
     finalists: tuple  # (Finalist, ...): the chosen, the best few, no tree, and the tree that ran before
-    acceptance: tuple  # the fitted (a, t) of ``acceptance.py``
+    acceptance: tuple  # the fitted (a, t, c) of ``acceptance.py``
     cycle: int = 0  # the call's cycle from which the tree ran
 
     def as_dict(self) -> dict:
@@ -149,6 +149,9 @@ class Chooser:
         self.held: collections.OrderedDict = collections.OrderedDict()
         self.generation = None
         self.captures: dict[str, collections.deque] = {}
+        # (kind, batch, drafts) -> the batches the last such call ran at as its rows finished (a call without a tree
+        # shrinks only where rows stop early: its rows commit alike)
+        self.paths: dict[tuple, tuple] = {}
         # (kind, batch, setting, drafts) -> recent calls' decode seconds over what their first choice predicted
         self.realized: dict[tuple, collections.deque] = {}
         self.called: frozenset = frozenset()  # (kind, batch, setting, drafts) of the calls finished so far
@@ -253,6 +256,7 @@ class Session:
     prompt_seconds: float = 0.0  # the head's pass over the prompt (the loop times it): a cost of drafting
     _plan: tuple | None = None  # the first choice: (batch, drafts, its cycle's seconds as the probe and host predict)
     _setup0: float | None = None  # the decoder's setup seconds at the first cycle
+    _path: list = field(default_factory=list)  # the batches the call ran at, in order
 
     @classmethod
     def start(cls, chooser: Chooser, *, model, head, cap, batch: int, gen, sampler, mode, max_depth: int,
@@ -289,16 +293,18 @@ class Session:
             return s
         # A call that never drafts: buffers for the root alone and a cache for the committed tokens only (one sized
         # for trees holds more slots, and every forward attends over them all: at batch 64 on the H200 a step took
-        # 1.30 ms of GPU time against 1.20).
+        # 1.30 ms of GPU time against 1.20), unless an earlier call at this batch sized them for trees: a new size
+        # allocates anew and captures every step again, and calls that went with and without a tree by turns did so
+        # in every call (an H100 matrix ran greedy batch 16 at 0.71x HF static).
+        held = chooser.capacity.get((batch, kind))
         if s.idle:
-            s.capacity = TreeConfig.none()
+            s.capacity = held if held is not None else TreeConfig.none()
             return s
         # The buffers hold every candidate tree, whatever the acceptance: every call of this batch and kind sizes
         # them alike, so that it reuses the buffers and the graphs captured on them (a capacity that followed the
         # fitted acceptance grew from call to call, and each new size captured every step again). Never smaller than
         # an earlier call's (one of fewer new tokens has shallower candidates).
-        held = chooser.capacity.get((batch, kind), TreeConfig.none())
-        s.capacity = chooser.capacity[(batch, kind)] = _envelope([held, first.tree] + trees)
+        s.capacity = chooser.capacity[(batch, kind)] = _envelope([held or TreeConfig.none(), first.tree] + trees)
         return s
 
     def few_row_linears(self, batch: int, q: int) -> bool:
@@ -317,13 +323,19 @@ class Session:
 
     def _charge(self, batch: int):
         """tree -> the seconds its captures would add to the call: at ``batch`` and at each smaller batch the call
-        goes on with as rows finish (``path_batches``), where the runner holds no graphs of it (0 where the steps are
-        not captured)."""
-        if not self.captures:
-            return lambda tree: 0.0
+        goes on with as rows finish (as the last call of its kind did; before one has, ``path_batches`` for a tree,
+        ``batch`` alone without one), where the runner holds no graphs of it. 0 where the steps are not captured, and
+        where no tree's graphs are held at ``batch``: every candidate captures there, and a tree's longer path of
+        batches would count against it in a first call the way that a plain call's does not, wherever rows finish."""
         c = self.chooser
-        cost, path = c.capture_seconds(self.kind), path_batches(batch)
-        return lambda tree: cost * sum((self.kind, b, tree) not in c.held for b in path)
+        if not self.captures or not any(k == self.kind and b == batch for k, b, _ in c.held):
+            return lambda tree: 0.0  # nothing held at this batch: every tree captures, its rate decides
+        cost = c.capture_seconds(self.kind)
+
+        def path(tree):  # as the last call of its kind went; before one has: a tree's rows finish apart, plain ones
+            seen = c.paths.get((self.kind, batch, tree.drafts))  # together (unless they stop early)
+            return seen if seen is not None else path_batches(batch) if tree.drafts else (batch,)
+        return lambda tree: cost * sum((self.kind, b, tree) not in c.held for b in path(tree))
 
     def _seconds_left(self, batch: int, remaining: int, calls: int = 1):
         """Finalist -> the seconds ``calls`` calls of the ``remaining`` tokens per row would take with its tree, its
@@ -362,6 +374,8 @@ class Session:
             self.remaining = remaining
         if self.captures:
             self.chooser.sync(generation)
+        if not self._path or self._path[-1] != batch:
+            self._path.append(batch)
         if self.mode not in (None, "graphs"):
             return self.tree
         now = time.perf_counter()
@@ -394,6 +408,8 @@ class Session:
         if self._plan is None or longest is None or self._setup0 is None:
             return
         batch, drafts, cycle = self._plan
+        if self._path:
+            self.chooser.paths[(self.kind, batch, drafts)] = tuple(self._path)
         if stats.num_target_forwards < _REALIZED_MIN_CYCLES or longest < 1:
             return
         key = (self.kind, batch, self.setting, drafts)

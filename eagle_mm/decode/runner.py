@@ -59,6 +59,7 @@ class Runner:
     def __init__(self):
         self.mode: str | None = None
         self._wrapped: dict = {}  # (step, mode) -> the step as it runs
+        self._dropped = (0.0, 0)  # setup seconds and captures of the wrappers ``reset`` dropped: the totals never fall
 
     def begin(self, mode: str | None, storage, device) -> None:
         """Resolve every step for a call of ``mode`` over ``storage`` on ``device``."""
@@ -89,12 +90,12 @@ class Runner:
     @property
     def setup(self) -> float:
         """Seconds the steps have spent compiling, warming up and capturing, over all calls so far."""
-        return sum(w.setup for w in self._wrapped.values())  # a captured step's warm-up holds its compile
+        return self._dropped[0] + sum(w.setup for w in self._wrapped.values())  # a warm-up holds its compile
 
     @property
     def captures(self) -> int:
         """CUDA graphs captured so far, over all steps."""
-        return sum(w.captures for w in self._wrapped.values() if isinstance(w, OwnGraph))
+        return self._dropped[1] + sum(w.captures for w in self._wrapped.values() if isinstance(w, OwnGraph))
 
     def graphs(self, step: str) -> int:
         """Signatures of ``step`` its CUDA-graph wrapper keeps (one graph each, once captured)."""
@@ -107,7 +108,10 @@ class Runner:
         return {s: w for s, w in inner.items() if isinstance(w, DiskCompiled)}
 
     def reset(self) -> None:
-        """Drop every wrapper: the memory their graphs were bound to is gone."""
+        """Drop every wrapper: the memory their graphs were bound to is gone. What they spent stays counted (a call
+        reads its setup as the difference of the totals before and after it: dropping it made that negative, and a
+        call that captured everything again passed for one that captured nothing)."""
+        self._dropped = (self.setup, self.captures)
         self._wrapped = {}
 
 

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One lent-GPU call: the A/B of issue 37 (bench_matrix's default call before it, .pre37/ = commit b360572 with
+# ONLY_OURS=1, then this checkout with HF static, one process each, median of 3; bench_8b at accept 4 both ways), the
+# chooser's CUDA tests, a first call with empty caches; beside them, on this host's CPU pinned to cores 0-1 (the GPU
+# work on cores 2-15): dev/probes/cpu_steps.py (where a plain step goes against generate's), then CPU matrix rows
+# until CPU_DEADLINE (epoch s). Every output lands in OUTDIR, and OUTDIR.tgz (the device returns few files).
+#   CPU_DEADLINE=$(( $(date +%s) + 400 )) bash dev/gpu/ab4_run.sh OUTDIR      (NOCPU=1: no CPU work)
+set -u
+OUT=${1:?usage: ab4_run.sh OUTDIR}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/../.." || exit 1
+R=$PWD
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+log() { echo "$(date -u +%T) $*" | tee -a "$OUT/steps.log"; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+G="taskset -c 2-15"
+C="env CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 PYTHONPATH=$R taskset -c 0,1"
+[ "${NOCPU:-0}" = 1 ] || (
+  $C timeout 200 python dev/probes/cpu_steps.py --out "$OUT/cpu_steps" > "$OUT/cpu_steps.log" 2>&1
+  echo "$(date -u +%T) cpu_steps rc=$?" >> "$OUT/cpu.log"
+  for r in ${CPUROWS:-greedy1 sampled1 greedy4 sampled4 greedy16 sampled16}; do
+    [ "$(date +%s)" -gt "${CPU_DEADLINE:-0}" ] && break
+    $C timeout 150 python bench/bench_matrix.py --repeats 2 --rows "$r" --methods hf_eager hf_static ours \
+      --out "$OUT/cpu_$r.json" >> "$OUT/cpu.log" 2>&1
+    echo "$(date -u +%T) cpu row $r rc=$?" >> "$OUT/cpu.log"
+  done ) &
+CPU=$!
+mkdir -p .pre37/eagle_mm/zoo/models && cp -r eagle_mm/zoo/models/code-tiny .pre37/eagle_mm/zoo/models/
+ROWS=${ROWS:-greedy1 sampled1 greedy4 sampled4 greedy16 sampled16 greedy32 sampled32 greedy64 sampled64}
+log "start matrix_pre37"
+(cd .pre37 && ONLY_OURS=1 PYTHONPATH=$PWD timeout ${PRE_T:-150} $G python bench/bench_matrix.py --repeats 3 --rows $ROWS \
+  --out "$OUT/matrix_pre37.json" > "$OUT/matrix_pre37.log" 2>&1)
+log "end matrix_pre37 rc=$?"
+log "start matrix_head"
+PYTHONPATH=$R timeout ${HEAD_T:-250} $G python bench/bench_matrix.py --repeats 3 --rows $ROWS \
+  --methods ${METHODS:-hf_static ours} --out "$OUT/matrix_head.json" > "$OUT/matrix_head.log" 2>&1
+log "end matrix_head rc=$?"
+log "start 8b_ab"
+(cd .pre37 && PYTHONPATH=$PWD timeout 100 $G python bench/bench_8b.py --accept 4 --modes ceiling ours_default \
+  --out "$OUT/8b_pre37.json" > "$OUT/8b_pre37.log" 2>&1)
+PYTHONPATH=$R timeout 100 $G python bench/bench_8b.py --accept 4 --modes ceiling ours_default --out "$OUT/8b_head.json" \
+  > "$OUT/8b_head.log" 2>&1
+log "end 8b_ab rc=$?"
+log "start cudatests"
+PYTHONPATH=$R TRITON_INTERPRET=0 timeout ${TESTS_T:-90} $G python -m pytest -o addopts="" -q -rs -p no:cacheprovider \
+  tests/test_chooser.py -k "cuda or graphs or chooser" > "$OUT/cudatests.log" 2>&1
+log "end cudatests rc=$?"
+log "start cold"
+PYTHONPATH=$R timeout 40 $G python dev/gpu/cold_profile.py > "$OUT/cold_greedy.log" 2>&1
+log "end cold rc=$?"
+wait $CPU 2>/dev/null  # no new CPU row starts after CPU_DEADLINE
+log "all done"
+tar -czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
