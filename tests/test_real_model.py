@@ -61,4 +61,8 @@ def test_speculative_greedy_equals_generate_on_the_real_model(smol):
                                             return_dict_in_generate=True)
         assert torch.equal(got.sequences, want), question
         # The trained head, not an untrained one (which drafts nothing the target keeps: about 1 token per forward).
+        # A tree given: the default call may decode without one where this machine's measured costs say so.
+        got = eagle_mm.speculative_generate(smol.target, smol.eagle3_head, **enc, max_new_tokens=32, do_sample=False,
+                                            tree=eagle_mm.TreeConfig(4, 4, 16), return_dict_in_generate=True)
+        assert torch.equal(got.sequences, want), question
         assert got.stats.mean_accept_length > 1.4, (question, got.stats.mean_accept_length)
