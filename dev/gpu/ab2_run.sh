@@ -7,13 +7,9 @@
 #   TESTS_T, PRE_T, HEAD_T: time limits; OUTDIR.tgz holds it all)
 set -u
 OUT=${1:?usage: ab2_run.sh OUTDIR}
-mkdir -p "$OUT"
-cd "$(dirname "$0")/../.." || exit 1
-R=$PWD
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-log() { echo "$(date -u +%T) $*" | tee -a "$OUT/steps.log"; }
+OUT=$(realpath -m "$OUT")
+source "$(dirname "$0")/prelude.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
-G="taskset -c 2-15"
 [ "${NOCPU:-0}" = 1 ] || ( for r in ${CPUROWS:-greedy1 sampled1 greedy4 sampled4 greedy16 sampled16 greedy64 sampled32}; do
     [ "$(date +%s)" -gt "${CPU_DEADLINE:-0}" ] && break
     CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 PYTHONPATH=$R taskset -c 0,1 timeout 150 python bench/bench_matrix.py \

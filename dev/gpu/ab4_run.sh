@@ -7,13 +7,9 @@
 #   CPU_DEADLINE=$(( $(date +%s) + 400 )) bash dev/gpu/ab4_run.sh OUTDIR      (NOCPU=1: no CPU work)
 set -u
 OUT=${1:?usage: ab4_run.sh OUTDIR}
-mkdir -p "$OUT"
-cd "$(dirname "$0")/../.." || exit 1
-R=$PWD
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-log() { echo "$(date -u +%T) $*" | tee -a "$OUT/steps.log"; }
+OUT=$(realpath -m "$OUT")
+source "$(dirname "$0")/prelude.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
-G="taskset -c 2-15"
 C="env CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 PYTHONPATH=$R taskset -c 0,1"
 [ "${NOCPU:-0}" = 1 ] || (
   $C timeout 200 python dev/probes/cpu_steps.py --out "$OUT/cpu_steps" > "$OUT/cpu_steps.log" 2>&1

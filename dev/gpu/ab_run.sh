@@ -6,12 +6,8 @@
 #   END=<epoch seconds the call must end by> CPU_DEADLINE=<no CPU row starts after> bash dev/gpu/ab_run.sh OUTDIR
 set -u
 OUT=${1:?usage: ab_run.sh OUTDIR}
-mkdir -p "$OUT"
-cd "$(dirname "$0")/../.." || exit 1
-R=$PWD
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-log() { echo "$(date -u +%T) $*" | tee -a "$OUT/steps.log"; }
-G="taskset -c 2-15"
+OUT=$(realpath -m "$OUT")
+source "$(dirname "$0")/prelude.sh"
 ( for r in ${CPUROWS:-greedy1 sampled1 greedy4 sampled4 greedy16 sampled16 greedy64 sampled32}; do
     [ "$(date +%s)" -gt "${CPU_DEADLINE:-0}" ] && break
     CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 PYTHONPATH=$R taskset -c 0,1 timeout 150 python bench/bench_matrix.py \
