@@ -10,7 +10,8 @@ chooser picks the tree, or no tree, from the costs it measured here, the first c
 the cost file lacks) and ours with ``compile=True`` (``ours_compile``), and the tree the chooser picked (with
 its switches as rows finished, and the expected rates of its finalists in the JSON). Each method is called once
 untimed first (its first call's cost is reported as its own column), then timed ``--repeats`` times (median; ours
-also records what each timed call spent capturing graphs or compiling, ``timed_setup_s``). Per row: tokens/s, the
+also records what each timed call spent capturing graphs or compiling, ``timed_setup_s``, and per call, the
+untimed one first, its trees, phases and first choice, ``calls``). Per row: tokens/s, the
 ratio to HF eager, HF static and the faster of the two (``x best``), mean acceptance, and for greedy rows
 losslessness: identical, or each diverging row classified as a near-tie (the reference's top-2 logits at the first
 difference within the dtype's resolution) or a MISMATCH.
@@ -135,13 +136,25 @@ def _short(tree) -> str:
 
 def _time_method(fn, device, repeats: int) -> dict:
     out, first = timed(fn, device)
+    calls = [_call_record(out, first)] if hasattr(out, "stats") else []
     secs, setups = [], []
     for _ in range(repeats):
         out, sec = timed(fn, device)
         secs.append(sec)
         if hasattr(out, "stats"):  # ours: what a timed call still spent capturing or compiling
             setups.append(out.stats.time_compile)
-    return {"out": out, "first_call_s": first, "median_s": statistics.median(secs), "timed_setup_s": setups}
+            calls.append(_call_record(out, sec))
+    got = {"out": out, "first_call_s": first, "median_s": statistics.median(secs), "timed_setup_s": setups}
+    return {**got, "calls": calls} if calls else got
+
+
+def _call_record(out, seconds: float) -> dict:
+    """One call of ours, untimed first one included: its trees, its phases' seconds, its first choice's finalists."""
+    s = out.stats
+    return {"s": seconds, "tree": _tree_path(s), "setup_s": s.time_compile, "prefill_s": s.time_prefill,
+            "draft_s": s.time_draft, "verify_s": s.time_verify, "other_s": s.time_other,
+            "forwards": s.num_target_forwards, "accept": s.mean_accept_length,
+            "first_choice": s.choices[0].as_dict() if s.choices else None}
 
 
 def _row(args, m, model, head, mode, batch, device, scenes, examples, ref32) -> dict:

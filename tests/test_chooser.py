@@ -545,6 +545,28 @@ def test_drafting_cycles_host_share_is_not_charged_to_no_tree(stand_in):
     assert seconds(TreeConfig.none()) == pytest.approx(cycle_seconds(s.table, 1, TreeConfig.none()))
 
 
+def test_on_a_gpu_a_cycle_without_a_tree_takes_the_drafting_cycles_host_share_until_it_learns_its_own(stand_in):
+    """A plain cycle's host share left at 0 beside a tree's learned one made no tree look cheaper than it is: the
+    H200's first calls at every batch above 1 switched to it at their first review, and later calls kept it."""
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    c.device = torch.device("cuda")  # the share is borrowed on a GPU only (nothing here runs on it)
+    kind = "greedy"
+    c.entries = {"1/greedy": _costs(1, FLAT), "4/greedy": _costs(4, FLAT)}
+    table = c.table(kind)
+    none, tree = TreeConfig.none(), TreeConfig(4, 4, 16)
+    c.overhead[(kind, 1, True)] = 4e-3  # learned by drafting cycles at batch 1
+    seconds = c.seconds(table, kind, 4)
+    assert seconds(none) == pytest.approx(cycle_seconds(table, 4, none) + 4e-3)
+    assert seconds(tree) == pytest.approx(cycle_seconds(table, 4, tree) + 4e-3)
+    c.overhead[(kind, 4, False)] = 1e-3  # plain cycles at batch 4 learn their own
+    assert c.seconds(table, kind, 4)(none) == pytest.approx(cycle_seconds(table, 4, none) + 1e-3)
+    c.device = torch.device("cpu")
+    del c.overhead[(kind, 4, False)]
+    assert c.seconds(table, kind, 4)(none) == pytest.approx(cycle_seconds(table, 4, none))
+
+
 def test_the_capacity_holds_every_candidate_whatever_the_acceptance(stand_in):
     """Calls of one batch size their buffers alike: a capacity that followed the fitted acceptance grew from call to
     call, and each new size allocated new buffers (and captured every step again)."""

@@ -36,7 +36,7 @@ import collections
 import logging
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..config import TreeConfig
 from .acceptance import Acceptance
@@ -87,6 +87,7 @@ class Finalist:
     tree: TreeConfig
     accept_length: float  # expected tokens per row and cycle, the target's own included
     cycle_seconds: float  # expected seconds per cycle at the batch chosen for
+    capture_seconds: float = 0.0  # the CUDA-graph captures the choice charged to it (``Session._charge``)
 
     @property
     def tokens_per_second(self) -> float:
@@ -96,7 +97,7 @@ class Finalist:
     def as_dict(self) -> dict:
         return {"tree": [self.tree.depth, self.tree.top_k, self.tree.total_tokens],
                 "accept_length": self.accept_length, "cycle_ms": 1e3 * self.cycle_seconds,
-                "tokens_per_second_per_row": self.tokens_per_second}
+                "tokens_per_second_per_row": self.tokens_per_second, "capture_s": self.capture_seconds}
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class TreeChoice:
     def __str__(self) -> str:
         rates = "; ".join(f"{_name(f.tree)}: {f.accept_length:.2f} tok x {self.batch} rows / "
                           f"{1e3 * f.cycle_seconds:.2f} ms = {self.batch * f.tokens_per_second:.0f} tok/s"
+                          + (f" + {f.capture_seconds:.2f} s of captures" if f.capture_seconds else "")
                           for f in self.finalists)
         return f"{_name(self.tree)} at batch {self.batch} ({self.why}); expected {rates}"
 
@@ -206,12 +208,21 @@ class Chooser:
 
     def seconds(self, table: dict, kind: str, batch: int):
         """tree -> seconds of a cycle at ``batch``: the steps' from the table, and the host's share for cycles with a
-        tree or without, learned at this batch, or at the nearest batch that decoded (0 before any has)."""
-        def extra(drafts: bool) -> float:
+        tree or without, learned at this batch, or at the nearest batch that decoded; where only cycles of the other
+        sort have decoded, theirs on a GPU (0 before any has). Cycles without a tree learn their share only once they
+        run: left at 0 beside a tree's learned share, they looked cheaper than they are, and calls whose first cycles
+        drafted switched to no tree at their first review (the H200's first call at every batch above 1 did,
+        dev/results/diag_h200_2026-12-06), the later calls keeping it. On a GPU both sorts of cycle wait on the host
+        alike (the host's work is the loop's and the commit's); on a CPU a tree's share holds its head's host work
+        too, which would overcharge a cycle without one: there it stays 0 until learned."""
+        def extra(drafts: bool) -> float | None:
             learned = [(abs(b.bit_length() - batch.bit_length()), abs(b - batch), v)
                        for (k, b, d), v in self.overhead.items() if k == kind and d == drafts]
-            return min(learned)[2] if learned else 0.0
-        extras = {True: extra(True), False: extra(False)}
+            return min(learned)[2] if learned else None
+        learned = {True: extra(True), False: extra(False)}
+        borrow = self.device.type == "cuda"
+        extras = {d: learned[d] if learned[d] is not None else (borrow and learned[not d]) or 0.0
+                  for d in (True, False)}
         return lambda tree: cycle_seconds(table, batch, tree) + extras[tree.drafts]
 
     def rank(self, lengths: dict, table: dict, kind: str, batch: int, setting: tuple = ()) -> list[Finalist]:
@@ -337,19 +348,23 @@ class Session:
             return seen if seen is not None else path_batches(batch) if tree.drafts else (batch,)
         return lambda tree: cost * sum((self.kind, b, tree) not in c.held for b in path(tree))
 
-    def _seconds_left(self, batch: int, remaining: int, calls: int = 1):
-        """Finalist -> the seconds ``calls`` calls of the ``remaining`` tokens per row would take with its tree, its
-        captures included (once)."""
+    def _charged(self, batch: int, ranked: list) -> list:
+        """``ranked`` with each finalist's capture charge at ``batch`` (``_charge``) filled in."""
         charge = self._charge(batch)
-        return lambda f: calls * remaining * f.cycle_seconds / f.accept_length + charge(f.tree)
+        return [replace(f, capture_seconds=charge(f.tree)) for f in ranked]
+
+    def _seconds_left(self, remaining: int, calls: int = 1):
+        """Finalist (charged) -> the seconds ``calls`` calls of the ``remaining`` tokens per row would take with its
+        tree, its captures included (once)."""
+        return lambda f: calls * remaining * f.cycle_seconds / f.accept_length + f.capture_seconds
 
     def _choose(self, batch: int, why: str, cycle: int = 0) -> TreeChoice:
         """The tree that finishes the call's remaining tokens soonest at ``batch``, its capture included; the one the
         last call chose at this batch while it is within ``_SWITCH`` of it (another tree shape is another graph to
         capture, or to compile)."""
-        ranked = self.rank(batch)
+        ranked = self._charged(batch, self.rank(batch))
         key = (batch, self.kind, self.setting)
-        left = self._seconds_left(batch, self.remaining, _AMORTIZE if why == "first" else 1)
+        left = self._seconds_left(self.remaining, _AMORTIZE if why == "first" else 1)
         best = min(ranked, key=left)  # ties: the faster rate, then the smaller tree (``ranked``'s order)
         last = next((f for f in ranked if f.tree == self.chooser.last.get(key)), None)
         if last is not None and left(last) <= _SWITCH * left(best):
@@ -386,8 +401,8 @@ class Session:
             why = "rows finished"
         elif self._cycles >= _REFIT_CYCLES and now - self._fit_at >= _REFIT_SECONDS:
             self._fit_at, self._cycles = now, 0
-            ranked = self.rank(batch)
-            left = self._seconds_left(batch, self.remaining)
+            ranked = self._charged(batch, self.rank(batch))
+            left = self._seconds_left(self.remaining)
             running = next(f for f in ranked if f.tree == self.tree)
             best = min(ranked, key=left)
             if best.tree != self.tree and left(running) > _SWITCH * left(best):
