@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import time
 from types import SimpleNamespace
@@ -284,6 +285,32 @@ def test_the_few_row_linears_run_only_where_the_probe_measured_them_faster(monke
     out = em.speculative_generate(model, head, ids, max_new_tokens=8)
     assert counted[0] == 0
     assert torch.equal(out, model.generate(ids, max_new_tokens=8, do_sample=False))
+
+
+@pytest.mark.parametrize("tree", [TreeConfig.chain(2), TreeConfig.none()], ids=str)
+def test_a_users_tree_runs_the_few_row_linears_only_where_a_probe_measured_them_faster(monkeypatch, tmp_path, tree):
+    """A user's tree ran the few-row product wherever there were a few rows: on this project's CPU in 2026-12 that
+    made code-tiny's plain decoding at batch 4 1.8x slower than without it. Now it follows the costs a default call
+    measured here, and runs F.linear (``generate``'s own) where none were."""
+    from eagle_mm.decode import skinny
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    calls = []
+    real = skinny._linear
+    monkeypatch.setattr(skinny, "_linear", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    ids = prompt(9).expand(2, -1)
+    ref = model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert torch.equal(em.speculative_generate(model, head, ids, max_new_tokens=8, tree=tree), ref)
+    assert calls == []  # nothing measured: F.linear
+    chooser = em.decoder(model, head).chooser
+    for pays in (True, False):  # as a default call's probe found them: faster (every size), or slower
+        chooser.entries = {"1/greedy": dataclasses.replace(_costs(1, FLAT), skinny=_costs(1, FLAT).skinny if pays
+                                                           else ())}
+        calls.clear()
+        assert torch.equal(em.speculative_generate(model, head, ids, max_new_tokens=8, tree=tree), ref)
+        assert bool(calls) == pays
 
 
 def test_cycle_costs_refuse_bad_data():

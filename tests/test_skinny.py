@@ -80,7 +80,7 @@ def test_only_the_thread_in_the_block_is_affected(monkeypatch):
     assert {ident for ident, _ in calls} == {threading.get_ident()}
 
 
-def test_the_default_cpu_call_uses_it_and_gives_generates_tokens(monkeypatch):
+def test_the_call_uses_it_where_measured_faster_and_gives_generates_tokens(monkeypatch):
     import eagle_mm as em
     from tests.tiny import prompt, tiny_model
 
@@ -91,6 +91,15 @@ def test_the_default_cpu_call_uses_it_and_gives_generates_tokens(monkeypatch):
     rows = []
     real = skinny._linear
     monkeypatch.setattr(skinny, "_linear", lambda x, *a, **k: rows.append(x.numel() // x.shape[-1]) or real(x, *a, **k))
+    out = em.speculative_generate(model, head, ids, max_new_tokens=12, do_sample=False)  # probes, then may draft
+    assert torch.equal(out, ref)
+    # A given tree where the probe timed the verify faster with it (a stand-in: this machine's verdict may differ).
+    from eagle_mm.decode.costs import CycleCosts
+
+    qs = (1, 2, 4, 8)
+    em.decoder(model, head).chooser.entries = {"1/greedy": CycleCosts(
+        1, tuple((q, 1e-3) for q in qs), ((1, 1e-6, 1e-6), (8, 1e-6, 1e-6)), ((2, 1e-6), (9, 1e-6)), 1e-6, qs)}
+    rows.clear()
     out = em.speculative_generate(model, head, ids, max_new_tokens=12, do_sample=False, tree=em.TreeConfig.chain(3))
     assert torch.equal(out, ref)
     assert any(2 <= r <= skinny.MAX_ROWS for r in rows)  # the verify's few rows went through W @ x^T

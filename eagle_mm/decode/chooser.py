@@ -47,7 +47,7 @@ from .graphs import MAX_GRAPHS
 logger = logging.getLogger(__name__)
 
 __all__ = ["Finalist", "TreeChoice", "Chooser", "Session", "candidate_trees", "rank_trees", "setting_of", "MAX_TOP_K",
-           "path_batches"]
+           "path_batches", "few_row_linears"]
 
 _TOTALS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 _TOP_KS = (2, 4, 6, 8)
@@ -319,10 +319,9 @@ class Session:
         return s
 
     def few_row_linears(self, batch: int, q: int) -> bool:
-        """Whether a forward of ``q`` tokens per row at ``batch`` rows runs with ``skinny.py``'s few-row linears: as
-        the probe measured faster at the nearest batch at or below (``CycleCosts.few_row_linears``)."""
-        sizes = sorted(self.table)
-        return self.table[max((b for b in sizes if b <= batch), default=sizes[0])].few_row_linears(q)
+        """Whether a forward of ``q`` tokens per row at ``batch`` rows runs with ``skinny.py``'s few-row linears
+        (``few_row_linears``)."""
+        return few_row_linears(self.table, batch, q)
 
     def rank(self, batch: int, lengths: dict | None = None) -> list[Finalist]:
         """The trees (within the capacity, once sized) by expected rate at ``batch``, best first."""
@@ -467,6 +466,14 @@ class Session:
         recent = self.chooser.residuals.setdefault(key, collections.deque(maxlen=15))
         recent.append(cycle - steps)
         self.chooser.overhead[key] = max(0.0, statistics.median(recent))
+
+
+def few_row_linears(table: dict, batch: int, q: int) -> bool:
+    """Whether a forward of ``q`` tokens per row at ``batch`` rows runs with ``skinny.py``'s few-row linears: as the
+    probe measured faster at the nearest batch at or below (``CycleCosts.few_row_linears``); ``table``: {batch:
+    CycleCosts} of the call's decoding kind (``Chooser.table``)."""
+    sizes = sorted(table)
+    return table[max((b for b in sizes if b <= batch), default=sizes[0])].few_row_linears(q)
 
 
 def path_batches(batch: int) -> list[int]:

@@ -28,7 +28,8 @@ from ..hf.features import FeatureCapture
 from ..hf.parts import resolve_target
 from .accept import accept
 from .autotree import calibrate_acceptance
-from .chooser import MAX_TOP_K, Session, setting_of
+from .chooser import MAX_TOP_K, Session, few_row_linears, setting_of
+from .cost_cache import decode_kind
 from .decoder import Decoder, decoder
 from .draft import DraftSampler, head_entries
 from .options import call_streamer, check_attention, check_cache_room, check_generation_config, check_head, \
@@ -138,12 +139,21 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
                                     mode=mode, max_depth=new, max_top_k=vd, shrinks=mode in (None, "graphs"),
                                     mrope=images is not None and images.positions is not None)
             tree = session.tree
+        few_rows = None  # a user's tree on a CPU: {batch: CycleCosts} saying where its few-row linears pay
+        if session is None and isinstance(linears, skinny_linears):
+            # As the chooser's trees run them: where the probe measured them faster (the costs a default call
+            # measured on this machine, kept on disk; the verify is the same forward whatever the sampler). Without
+            # such a measurement the call runs generate()'s F.linear: on this project's CPU in December 2026 the
+            # few-row product ran code-tiny's one-token verify at batch 4 1.8x slower, and a given tree took it
+            # wherever there were a few rows.
+            few_rows = dec.chooser.table(decode_kind(sampler, False, input_ids.device)) or \
+                dec.chooser.table(decode_kind(None, False, input_ids.device)) or None
         capacity = session.capacity if session is not None else tree  # the largest tree the call may switch to
         check_cache_room(parts, max_length - 1, capacity)  # the last verify is over at most max_length - 2 slots
         stats = SpeculativeStats(accept_counts=[0] * capacity.depth, tree=tree, mode=mode)
         call = _Call(model, head, dec, cap, gen, logits_processor, reads_input_ids(logits_processor),
                      Stops.of(stopping_criteria), streamer, generator, stats, parts, parts.position_limit, linears,
-                     pad_token_id(gen), session, new)
+                     pad_token_id(gen), session, new, few_rows)
         setup0 = dec.setup
         dec.begin(tree, mode, B, input_ids.shape[1], max_length, sampler, capacity=capacity)
         state = _prefill(call, input_ids, mask, position_ids, images)
@@ -183,6 +193,7 @@ class _Call:
     pad: int  # the token generate() writes after a finished row
     session: Session | None  # the chooser's, when the call was given no tree: it picks the tree before each cycle
     new: int  # new tokens per row the call decodes at most
+    few_rows: dict | None = None  # a user's tree on a CPU: the costs probed here saying where the few-row linears pay
 
 
 def _prompt_forward(call: _Call, input_ids, slot_pos, position_ids, images):
@@ -334,8 +345,12 @@ def _cycle(call: _Call, state: DecodeState) -> None:
 
 def _linears(call: _Call, batch: int, q: int):
     """The context a forward of ``q`` tokens per row at ``batch`` rows runs in: ``skinny.py``'s few-row linears on a
-    CPU where the chooser's probe measured them faster (a user's tree: wherever there are a few rows), else none."""
-    if call.session is not None and not call.session.few_row_linears(batch, q):
+    CPU where the chooser's probe measured them faster (for a user's tree: where a default call's probe did), else
+    none."""
+    if call.session is not None:
+        if not call.session.few_row_linears(batch, q):
+            return contextlib.nullcontext()
+    elif call.few_rows is None or not few_row_linears(call.few_rows, batch, q):  # a user's tree: as measured
         return contextlib.nullcontext()
     return for_rows(call.linears, batch * q)
 
