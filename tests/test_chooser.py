@@ -290,7 +290,7 @@ def test_the_few_row_linears_run_only_where_the_probe_measured_them_faster(monke
 @pytest.mark.parametrize("tree", [TreeConfig.chain(2), TreeConfig.none()], ids=str)
 def test_a_users_tree_runs_the_few_row_linears_only_where_a_probe_measured_them_faster(monkeypatch, tmp_path, tree):
     """A user's tree ran the few-row product wherever there were a few rows: on this project's CPU in 2026-12 that
-    made code-tiny's plain decoding at batch 4 1.8x slower than without it. Now it follows the costs a default call
+    made code-tiny's plain decoding at batch 4 1.6-1.8x slower than without it. Now it follows the costs a default call
     measured here, and runs F.linear (``generate``'s own) where none were."""
     from eagle_mm.decode import skinny
 

@@ -1,5 +1,8 @@
-"""Does a call's acceptance depend on whether it is the first at its batch (CUDA-graph captures, the chooser's
-probe, a new storage size)? Per call: tokens per forward and the first cycles' mean committed tokens over the rows and the depth drafted.
+"""Per call, and per cycle of each call, what the default call (or a given tree) does as calls repeat at a batch:
+tokens per forward, the chooser's decisions, and for each cycle the rows' mean committed tokens and the depth
+drafted. Written to tell, on a GPU, whether a first call's acceptance differs (CUDA-graph captures, the chooser's
+probe, a new storage size) from the chooser switching trees; on a CPU with the GPU path's bookkeeping
+(``graphs_on_cpu.py``) the acceptance was the same and the chooser switched (issue 36, 2026-12-06).
 
     python dev/probes/first_call_accept.py --batches 1 4 4 4 --tree 5,8,64   (--tree none: the default call)
 """
@@ -46,8 +49,9 @@ def main() -> None:
                                             min_new_tokens=a.new, do_sample=False, tree=tree,
                                             return_dict_in_generate=True)
         s = out.stats
-        print(f"batch {b}: accept {s.mean_accept_length:.2f} setup {s.time_compile:.2f}s tree {s.tree} "
-              f"{[c.why + ':' + str(c.tree.depth) for c in s.choices]} cycles (mean/depth) {' '.join(lengths[1:48])}", flush=True)
+        whys = [c.why + ':' + str(c.tree.depth) for c in s.choices]
+        print(f"batch {b}: accept {s.mean_accept_length:.2f} setup {s.time_compile:.2f}s tree {s.tree} {whys} "
+              f"cycles (mean/depth) {' '.join(lengths[1:48])}", flush=True)
 
 
 if __name__ == "__main__":

@@ -144,7 +144,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
             # As the chooser's trees run them: where the probe measured them faster (the costs a default call
             # measured on this machine, kept on disk; the verify is the same forward whatever the sampler). Without
             # such a measurement the call runs generate()'s F.linear: on this project's CPU in December 2026 the
-            # few-row product ran code-tiny's one-token verify at batch 4 1.8x slower, and a given tree took it
+            # few-row product made code-tiny's one-token decoding at batch 4 1.6-1.8x slower, and a given tree took it
             # wherever there were a few rows.
             few_rows = dec.chooser.table(decode_kind(sampler, False, input_ids.device)) or \
                 dec.chooser.table(decode_kind(None, False, input_ids.device)) or None

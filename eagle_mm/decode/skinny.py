@@ -18,8 +18,9 @@ of a Qwen2.5-0.5B-shaped model: 1.38x faster in the block), one of code-tiny abo
 enters it around the cycle's verify and update only (not the draft, mostly one row per level on a CPU, nor the
 prefill, which keeps ``generate``'s own arithmetic), and only where the chooser's probe timed the verify faster with
 it on this machine (``CycleCosts.skinny``; a given tree follows what a default call measured, else runs without
-it): in December 2026 this project's CPU ran code-tiny's one-token verify at batch 4 1.8x slower with it. Replacing each linear's ``forward`` on the instance paid
-slightly more (1.47x) but changed the user's modules for every thread while a call ran.
+it): in December 2026 this project's CPU ran code-tiny's one-token decoding at batch 4 1.6-1.8x slower with it.
+Replacing each linear's ``forward`` on the instance paid slightly more (1.47x) but changed the user's modules for
+every thread while a call ran.
 """
 from __future__ import annotations
 
