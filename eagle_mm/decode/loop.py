@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -139,15 +140,18 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
                                     mode=mode, max_depth=new, max_top_k=vd, shrinks=mode in (None, "graphs"),
                                     mrope=images is not None and images.positions is not None)
             tree = session.tree
-        few_rows = None  # a user's tree on a CPU: {batch: CycleCosts} saying where its few-row linears pay
-        if session is None and isinstance(linears, skinny_linears):
-            # As the chooser's trees run them: where the probe measured them faster (the costs a default call
-            # measured on this machine, kept on disk; the verify is the same forward whatever the sampler). Without
-            # such a measurement the call runs generate()'s F.linear: on this project's CPU in December 2026 the
-            # few-row product made code-tiny's one-token decoding at batch 4 1.6-1.8x slower, and a given tree took it
-            # wherever there were a few rows.
-            few_rows = dec.chooser.table(decode_kind(sampler, False, input_ids.device)) or \
-                dec.chooser.table(decode_kind(None, False, input_ids.device)) or None
+        # Where a forward of q tokens per row at a batch takes skinny.py's few-row linears: as the probe measured them
+        # faster here, for the chooser's trees and a user's alike (a user's tree reads the costs a default call
+        # measured on this machine, kept on disk; the verify is the same forward whatever the sampler). Without such
+        # a measurement a user's tree runs generate()'s F.linear: taken wherever there were a few rows, the few-row
+        # product made code-tiny's one-token decoding at batch 4 1.6-1.8x slower on this project's CPU (2026-12).
+        if session is not None:
+            few_rows = session.few_row_linears
+        else:
+            table = isinstance(linears, skinny_linears) and (
+                dec.chooser.table(decode_kind(sampler, False, input_ids.device))
+                or dec.chooser.table(decode_kind(None, False, input_ids.device)))
+            few_rows = partial(few_row_linears, table) if table else _never
         capacity = session.capacity if session is not None else tree  # the largest tree the call may switch to
         check_cache_room(parts, max_length - 1, capacity)  # the last verify is over at most max_length - 2 slots
         stats = SpeculativeStats(accept_counts=[0] * capacity.depth, tree=tree, mode=mode)
@@ -193,7 +197,7 @@ class _Call:
     pad: int  # the token generate() writes after a finished row
     session: Session | None  # the chooser's, when the call was given no tree: it picks the tree before each cycle
     new: int  # new tokens per row the call decodes at most
-    few_rows: dict | None = None  # a user's tree on a CPU: the costs probed here saying where the few-row linears pay
+    few_rows: object  # (batch, q) -> whether a forward of q tokens per row takes the few-row linears (``_linears``)
 
 
 def _prompt_forward(call: _Call, input_ids, slot_pos, position_ids, images):
@@ -345,14 +349,13 @@ def _cycle(call: _Call, state: DecodeState) -> None:
 
 def _linears(call: _Call, batch: int, q: int):
     """The context a forward of ``q`` tokens per row at ``batch`` rows runs in: ``skinny.py``'s few-row linears on a
-    CPU where the chooser's probe measured them faster (for a user's tree: where a default call's probe did), else
-    none."""
-    if call.session is not None:
-        if not call.session.few_row_linears(batch, q):
-            return contextlib.nullcontext()
-    elif call.few_rows is None or not few_row_linears(call.few_rows, batch, q):  # a user's tree: as measured
-        return contextlib.nullcontext()
-    return for_rows(call.linears, batch * q)
+    CPU where the probe measured them faster (``_Call.few_rows``), else none."""
+    return for_rows(call.linears, batch * q) if call.few_rows(batch, q) else contextlib.nullcontext()
+
+
+def _never(batch: int, q: int) -> bool:
+    """``_Call.few_rows`` where nothing says the few-row linears pay."""
+    return False
 
 
 def _drop_finished(call: _Call, state: DecodeState) -> None:
