@@ -392,6 +392,9 @@ class _Scripted:
     def few_row_linears(self, batch, q):
         return True
 
+    def shrink_pays(self, batch, rows, remaining):
+        return True
+
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_switching_trees_mid_call_keeps_generate_tokens(monkeypatch, batch):
@@ -664,31 +667,84 @@ def test_under_cuda_graphs_a_call_keeps_its_tree_as_rows_finish(stand_in, graphs
         assert [ch.why for ch in s.choices] == ["first", "rows finished"] and s.choices[-1].batch == 4
 
 
-def test_a_capture_is_charged_at_every_batch_the_call_goes_on_with(stand_in):
-    """A tree's captures cost the call at its batch and at each power of two below it that it shrinks to (or where
-    the last such call went), wherever the runner holds no graphs of it yet; a call without a tree at its own batch
-    alone (its rows commit alike) until one has gone otherwise. Where nothing is held at the batch, every tree
-    captures: nothing is charged, the rates decide."""
-    assert chooser_mod.path_batches(16) == [16, 8, 4, 2, 1] and chooser_mod.path_batches(6) == [6, 4, 2, 1]
+def test_a_capture_is_charged_at_the_calls_batch(stand_in):
+    """A tree's capture costs the call at its batch, where the runner holds no graphs of it yet, a call without a
+    tree likewise; not at the smaller batches the call may shrink to (it shrinks only where that pays for a capture:
+    ``shrink_pays``). Where nothing is held at the batch, every tree captures: nothing is charged, the rates decide."""
     c, s = _graph_session(stand_in, 100)
     c.captures[s.kind] = collections.deque([0.2])
     tree = TreeConfig.chain(3)
     assert s._charge(16)(tree) == 0.0
     c.hold(s.kind, 16, tree)
-    c.hold(s.kind, 8, tree)
-    assert s._charge(16)(tree) == pytest.approx(3 * 0.2) and s._charge(16)(TreeConfig.chain(2)) == pytest.approx(1.0)
-    assert s._charge(16)(TreeConfig.none()) == pytest.approx(0.2)
-    c.paths[(s.kind, 16, False)] = (16, 4)  # a plain call whose rows stopped early
-    c.paths[(s.kind, 16, True)] = (16, 8)
-    assert s._charge(16)(TreeConfig.none()) == pytest.approx(0.4) and s._charge(16)(tree) == 0.0
+    c.hold(s.kind, 8, TreeConfig.chain(2))
+    assert s._charge(16)(tree) == 0.0 and s._charge(16)(TreeConfig.chain(2)) == pytest.approx(0.2)
+    assert s._charge(16)(TreeConfig.none()) == pytest.approx(0.2) and s._charge(8)(TreeConfig.chain(2)) == 0.0
 
 
-def test_a_call_records_the_batches_it_ran_at(stand_in):
+def test_rows_finishing_shrink_the_batch_only_where_it_pays_for_a_capture(stand_in):
+    """Under CUDA graphs a call goes on at fewer rows once rows finished where it holds the graphs there, or where the
+    fewer rows save more over the tokens left than a capture costs; else it keeps its batch. Eagerly it always
+    shrinks (nothing to capture)."""
+    c, s = _graph_session(stand_in, 8)
+    s.table = {1: _costs(1, lambda q: 1e-3), 16: _costs(16, lambda q: 5e-3)}  # 16 rows cost 5x one row
+    c.captures[s.kind] = collections.deque([0.2])
+    assert not s.shrink_pays(16, 8, 8)  # 8 tokens left: a few ms saved against a 0.2 s capture
+    assert s.shrink_pays(16, 8, 100000)
+    c.hold(s.kind, 8, s.tree)
+    assert s.shrink_pays(16, 8, 8)  # held there: nothing to capture
+    s.captures = False
+    assert s.shrink_pays(16, 4, 8)
+
+
+def _finished(forwards: int, accept: float, seconds: float | None = None) -> SimpleNamespace:
+    stats = SimpleNamespace(**vars(_stats(forwards)), mean_accept_length=accept, time_compile=0.0)
+    if seconds is not None:
+        stats.time_verify = seconds
+    return stats
+
+
+def test_a_batch_waiting_for_its_slowest_row_prices_its_trees_by_it(stand_in):
+    """A drafting call that took more cycles than its mean accepted length says (its rows accept at different rates
+    and the batch decodes until the slowest is done) makes the drafting trees' tokens per cycle at that batch that
+    much fewer; no tree's stay (its rows commit one token each)."""
     c, s = _graph_session(stand_in, 100)
-    for i, b in enumerate((1, 1, 1)):
-        s.next_tree(b, _stats(i), 0.0)
-    s.finish(SimpleNamespace(**vars(_stats(3)), mean_accept_length=2.0, time_compile=0.0), 0.0, 6)
-    assert c.paths[(s.kind, 1, s.tree.drafts)] == (1,)
+    s.next_tree(1, _stats(0), 0.0)
+    assert s.tree.drafts and c.straggling(s.kind, 1, s.setting) == 1.0
+    before = {f.tree: f.accept_length for f in s.rank(1)}
+    s.finish(_finished(40, 4.0), 0.0, 128)  # 128 tokens at 4 a cycle are 32 cycles: it took 40
+    assert c.straggling(s.kind, 1, s.setting) == pytest.approx(1.25)
+    after = {f.tree: f.accept_length for f in s.rank(1)}
+    assert all(after[t] == pytest.approx(n / 1.25 if t.drafts else n) for t, n in before.items())
+
+
+def test_a_calls_realized_time_is_weighed_per_cycle(stand_in):
+    """What a call (not its shape's first) took against its first choice's cycle times the cycles it ran: 1.5x
+    slower cycles read 1.5, whatever the straggling."""
+    c, s = _graph_session(stand_in, 100)
+    s.next_tree(1, _stats(0), 0.0)
+    _, drafts, cycle = s._plan
+    c.called = frozenset({(s.kind, 1, s.setting, drafts)})
+    s.finish(_finished(40, 4.0, seconds=40 * cycle * 1.5), 0.0, 128)
+    assert c.realized[(s.kind, 1, s.setting, drafts)][-1] == pytest.approx(1.5)
+
+
+def test_after_a_drafting_call_the_next_measures_no_tree_once(stand_in, monkeypatch):
+    """Where calls at a batch and setting have drafted and none has decoded without a tree, the next call's first
+    choice is no tree, to measure it (priced until then at a tree's host share), unless a tree promises
+    ``_MEASURE_PLAIN_BELOW`` times its rate; once measured, the rates decide."""
+    c, s = _graph_session(stand_in, 100)
+    drafting = (s.kind, 1, s.setting, True)
+    monkeypatch.setattr(chooser_mod, "_MEASURE_PLAIN_BELOW", 1e9)
+    assert s._choose(1, "first").tree.drafts  # nothing has drafted here yet
+    c.called = frozenset({drafting})
+    choice = s._choose(1, "first")
+    assert choice.tree == TreeConfig.none() and choice.why == "no tree, to measure it here"
+    assert s._choose(1, "rows finished").tree.drafts  # only a call's first choice measures
+    c.called = frozenset({drafting, (s.kind, 1, s.setting, False)})
+    assert s._choose(1, "first").tree.drafts
+    c.called = frozenset({drafting})
+    monkeypatch.setattr(chooser_mod, "_MEASURE_PLAIN_BELOW", 0.0)  # a tree that clearly wins is kept
+    assert s._choose(1, "first").tree.drafts
 
 
 def test_the_held_graphs_follow_the_storage_and_the_runners_limit(stand_in):

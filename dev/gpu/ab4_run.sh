@@ -3,7 +3,7 @@
 # ONLY_OURS=1, then this checkout with HF static, one process each, median of 3; bench_8b at accept 4 both ways), the
 # chooser's CUDA tests, a first call with empty caches; beside them, on this host's CPU pinned to cores 0-1 (the GPU
 # work on cores 2-15): dev/probes/cpu_steps.py (where a plain step goes against generate's), then CPU matrix rows
-# until CPU_DEADLINE (epoch s). Every output lands in OUTDIR, and OUTDIR.tgz (the device returns few files).
+# until CPU_DEADLINE (epoch s). PRE8B=0: bench_8b on this checkout only. Every output lands in OUTDIR, and OUTDIR.tgz (the device returns few files).
 #   CPU_DEADLINE=$(( $(date +%s) + 400 )) bash dev/gpu/ab4_run.sh OUTDIR      (NOCPU=1: no CPU work)
 set -u
 OUT=${1:?usage: ab4_run.sh OUTDIR}
@@ -32,14 +32,14 @@ PYTHONPATH=$R timeout ${HEAD_T:-250} $G python bench/bench_matrix.py --repeats 3
   --methods ${METHODS:-hf_static ours} --out "$OUT/matrix_head.json" > "$OUT/matrix_head.log" 2>&1
 log "end matrix_head rc=$?"
 log "start 8b_ab"
-(cd .pre37 && PYTHONPATH=$PWD timeout 100 $G python bench/bench_8b.py --accept 4 --modes ceiling ours_default \
-  --out "$OUT/8b_pre37.json" > "$OUT/8b_pre37.log" 2>&1)
+[ "${PRE8B:-1}" = 1 ] && (cd .pre37 && PYTHONPATH=$PWD timeout 100 $G python bench/bench_8b.py --accept 4 \
+  --modes ceiling ours_default --out "$OUT/8b_pre37.json" > "$OUT/8b_pre37.log" 2>&1)
 PYTHONPATH=$R timeout 100 $G python bench/bench_8b.py --accept 4 --modes ceiling ours_default --out "$OUT/8b_head.json" \
   > "$OUT/8b_head.log" 2>&1
 log "end 8b_ab rc=$?"
 log "start cudatests"
 PYTHONPATH=$R TRITON_INTERPRET=0 timeout ${TESTS_T:-90} $G python -m pytest -o addopts="" -q -rs -p no:cacheprovider \
-  tests/test_chooser.py -k "cuda or graphs or chooser" > "$OUT/cudatests.log" 2>&1
+  tests/test_chooser.py tests/test_graphs.py -k "cuda or graphs or chooser or capture" > "$OUT/cudatests.log" 2>&1
 log "end cudatests rc=$?"
 log "start cold"
 PYTHONPATH=$R timeout 40 $G python dev/gpu/cold_profile.py > "$OUT/cold_greedy.log" 2>&1

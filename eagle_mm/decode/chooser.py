@@ -15,20 +15,27 @@ later calls reuse the buffers and the graphs captured on them), and the choice m
 (rows finish) or the fitted acceptance moves the best tree clearly past the one running.
 
 Where the steps replay as CUDA graphs, a tree not yet captured at a batch costs its capture once (measured: the
-seconds the cycles that captured took beyond the steps), at the call's batch and at every smaller batch the call
-goes on with as rows finish: there the call keeps its tree (a new choice at each smaller batch made each call's path
-of trees differ from the last one's, so that timed calls captured again, and a choice took milliseconds of a
-cycle's few). A call's first choice weighs the captures against what the tree would save on ``_AMORTIZE`` calls'
-tokens (the graphs serve the calls after it too), a switch within the call against its own tokens left. The
-chooser mirrors which (batch, tree) the runner holds graphs for (``graphs.MAX_GRAPHS`` per step).
+seconds the cycles that captured took beyond the steps). As rows finish, a call goes on at a smaller batch only where
+it holds the graphs there or where the fewer rows save more than a capture over the tokens left
+(``Session.shrink_pays``; a small target's call, which shrank at every power of two and captured at each, now
+mostly keeps its batch), and there it keeps its tree (a new choice at each smaller batch made each call's path of
+trees differ from the last one's, so that timed calls captured again). A choice is charged the capture at its own
+batch only: a later shrink pays for itself. A call's first choice weighs the capture against what the tree would
+save on ``_AMORTIZE`` calls' tokens (the graphs serve the calls after it too), a switch within the call against its
+own tokens left. The chooser mirrors which (batch, tree) the runner holds graphs for (``graphs.MAX_GRAPHS`` per
+step).
 
-What the probe and the per-cycle share miss, each call measures: the whole call's decode time against what its first
-choice predicted for the tokens its longest row took (``Chooser.realized``, apart for calls with and without a tree).
-A batch's rows accept at different rates, so it runs until its slowest row is done: on code-tiny at batch 16 a chain
-of 5 took 55 cycles for 128 tokens at 3.7 tokens per cycle. The ratio scales later predictions of that kind at that
-batch and setting, so a tree that lost to the plain decode it was weighed against is measured losing, and dropped.
-The first call of each kind, batch and setting in a process, and any call that captured or compiled, is not counted:
-it pays first-use costs (Triton builds, allocator growth) that later calls do not.
+What the probe and the per-cycle share miss, each call measures. A batch's rows accept at different rates, so it
+runs until its slowest row is done (code-tiny on an H100 at batch 64: 47 cycles for 128 tokens at 4.9 a cycle): a
+drafting call's cycles over the longest row's tokens at its mean acceptance (``Chooser.straggle``, counted, so a first
+call's too) divide a drafting tree's tokens per cycle at that batch. Its decode time against its first choice's
+cycle times the cycles it ran (``Chooser.realized``, apart for calls with and without a tree) scales later
+predictions of that kind at that batch and setting, so a tree that lost to the plain decode it was weighed against is
+measured losing, and dropped. The first call of each kind, batch and setting in a process, and any call that captured
+or compiled, is not counted there: it pays first-use costs (Triton builds, allocator growth) that later calls do not.
+A plain decode is priced from the probe and a borrowed host share until it has run: where calls at a batch and
+setting drafted and none decoded without a tree, the next call does, once, to measure it, unless a tree promises
+``_MEASURE_PLAIN_BELOW`` times its rate.
 """
 from __future__ import annotations
 
@@ -47,7 +54,7 @@ from .graphs import MAX_GRAPHS
 logger = logging.getLogger(__name__)
 
 __all__ = ["Finalist", "TreeChoice", "Chooser", "Session", "candidate_trees", "rank_trees", "setting_of", "MAX_TOP_K",
-           "path_batches", "few_row_linears"]
+           "few_row_linears"]
 
 _TOTALS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 _TOP_KS = (2, 4, 6, 8)
@@ -62,6 +69,10 @@ _AMORTIZE = 4  # a call's first choice counts a capture against this many calls'
 _SAMPLED_BYTES = 1 << 30  # a sampled tree's proposals (batch x nodes x vocabulary, fp32) stay within this
 _REALIZED_CALLS = 5  # the realized-time ratio is the median of the last calls' of its kind, batch and setting
 _REALIZED_MIN_CYCLES = 4  # a call of fewer cycles says little of how a long one goes
+# A first call at a batch and setting that drafted, and none without a tree yet: the next call decodes without one,
+# once, to measure it, unless the best tree promises this many times its rate (an H100 matrix lost to HF's static
+# generate at greedy batch 32 and 64 with trees, while the plain decode it never ran was priced at a tree's host share)
+_MEASURE_PLAIN_BELOW = 2.0
 
 
 def candidate_trees(max_depth: int = 8, max_top_k: int = 8) -> list[TreeConfig]:
@@ -106,7 +117,7 @@ class TreeChoice:
 
     tree: TreeConfig
     batch: int
-    why: str  # "first", "rows finished", "acceptance or costs moved", "kept (compiled)"
+    why: str  # "first", "rows finished", "acceptance or costs moved", "kept (compiled)", "no tree, to measure it here"
     finalists: tuple  # (Finalist, ...): the chosen, the best few, no tree, and the tree that ran before
     acceptance: tuple  # the fitted (a, t, c) of ``acceptance.py``
     cycle: int = 0  # the call's cycle from which the tree ran
@@ -151,11 +162,12 @@ class Chooser:
         self.held: collections.OrderedDict = collections.OrderedDict()
         self.generation = None
         self.captures: dict[str, collections.deque] = {}
-        # (kind, batch, drafts) -> the batches the last such call ran at as its rows finished (a call without a tree
-        # shrinks only where rows stop early: its rows commit alike)
-        self.paths: dict[tuple, tuple] = {}
         # (kind, batch, setting, drafts) -> recent calls' decode seconds over what their first choice predicted
         self.realized: dict[tuple, collections.deque] = {}
+        # (kind, batch, setting) -> recent drafting calls' cycles over the longest row's tokens at their mean accepted
+        # length: a batch decodes until its slowest row is done (code-tiny on an H100: 1.0 at batch 1, 1.5 at 4 and
+        # 16, 1.8-2.1 at 32 and 64); counted, not timed, so a first call's too
+        self.straggle: dict[tuple, collections.deque] = {}
         self.called: frozenset = frozenset()  # (kind, batch, setting, drafts) of the calls finished so far
 
     def sync(self, generation) -> None:
@@ -226,10 +238,19 @@ class Chooser:
         return lambda tree: cycle_seconds(table, batch, tree) + extras[tree.drafts]
 
     def rank(self, lengths: dict, table: dict, kind: str, batch: int, setting: tuple = ()) -> list[Finalist]:
-        """``lengths``' trees by expected rate at ``batch``, each cycle scaled by what calls of its kind realized."""
+        """``lengths``' trees by expected rate at ``batch``, each cycle scaled by what calls of its kind realized, a
+        drafting tree's tokens per cycle by the batch's straggling (``straggling``)."""
         base = self.seconds(table, kind, batch)
         ratio = {d: self.ratio(kind, batch, setting, d) for d in (True, False)}
+        slow = self.straggling(kind, batch, setting)
+        lengths = {t: n / slow if t.drafts else n for t, n in lengths.items()}
         return rank_trees(lengths, lambda tree: base(tree) * ratio[tree.drafts])
+
+    def straggling(self, kind: str, batch: int, setting: tuple = ()) -> float:
+        """How many more cycles than its mean acceptance says a drafting call at ``batch`` takes: the median of the
+        last calls' (``straggle``), 1 before any."""
+        seen = self.straggle.get((kind, batch, setting))
+        return statistics.median(seen) if seen else 1.0
 
 
 def rank_trees(lengths: dict, seconds) -> list[Finalist]:
@@ -267,7 +288,6 @@ class Session:
     prompt_seconds: float = 0.0  # the head's pass over the prompt (the loop times it): a cost of drafting
     _plan: tuple | None = None  # the first choice: (batch, drafts, its cycle's seconds as the probe and host predict)
     _setup0: float | None = None  # the decoder's setup seconds at the first cycle
-    _path: list = field(default_factory=list)  # the batches the call ran at, in order
 
     @classmethod
     def start(cls, chooser: Chooser, *, model, head, cap, batch: int, gen, sampler, mode, max_depth: int,
@@ -318,6 +338,18 @@ class Session:
         s.capacity = chooser.capacity[(batch, kind)] = _envelope([held or TreeConfig.none(), first.tree] + trees)
         return s
 
+    def shrink_pays(self, batch: int, rows: int, remaining: int) -> bool:
+        """Under CUDA graphs, whether the call goes on at ``rows`` rows once rows finished (else at ``batch``, the
+        finished rows decoding along unread): where the runner holds the tree's graphs there, or where the steps'
+        saving over the ``remaining`` tokens per row outweighs a capture. A capture costs a small target's call far
+        more than fewer rows save (an H100 matrix at greedy batch 16 captured at 8, 4, 2 and 1 rows in each call);
+        a large target, whose step time follows its rows, still shrinks."""
+        if not self.captures or (self.kind, rows, self.tree) in self.chooser.held:
+            return True
+        per_cycle = self.acceptance.expected_lengths([self.tree])[self.tree] if self.tree.drafts else 1.0
+        saved = cycle_seconds(self.table, batch, self.tree) - cycle_seconds(self.table, rows, self.tree)
+        return saved * remaining / max(per_cycle, 1.0) > self.chooser.capture_seconds(self.kind)
+
     def few_row_linears(self, batch: int, q: int) -> bool:
         """Whether a forward of ``q`` tokens per row at ``batch`` rows runs with ``skinny.py``'s few-row linears
         (``few_row_linears``)."""
@@ -332,20 +364,15 @@ class Session:
         return self.chooser.rank(lengths, self.table, self.kind, batch, self.setting)
 
     def _charge(self, batch: int):
-        """tree -> the seconds its captures would add to the call: at ``batch`` and at each smaller batch the call
-        goes on with as rows finish (as the last call of its kind did; before one has, ``path_batches`` for a tree,
-        ``batch`` alone without one), where the runner holds no graphs of it. 0 where the steps are not captured, and
-        where no tree's graphs are held at ``batch``: every candidate captures there, and a tree's longer path of
-        batches would count against it in a first call the way that a plain call's does not, wherever rows finish."""
+        """tree -> the seconds its capture at ``batch`` would add to the call, where the runner holds no graphs of it
+        there. Not at the smaller batches the call may go on with as rows finish: it goes there only where the
+        fewer rows save more than the capture (``shrink_pays``). 0 where the steps are not captured, and where no
+        tree's graphs are held at ``batch``: every candidate captures there, the rates decide."""
         c = self.chooser
         if not self.captures or not any(k == self.kind and b == batch for k, b, _ in c.held):
             return lambda tree: 0.0  # nothing held at this batch: every tree captures, its rate decides
         cost = c.capture_seconds(self.kind)
-
-        def path(tree):  # as the last call of its kind went; before one has: a tree's rows finish apart, plain ones
-            seen = c.paths.get((self.kind, batch, tree.drafts))  # together (unless they stop early)
-            return seen if seen is not None else path_batches(batch) if tree.drafts else (batch,)
-        return lambda tree: cost * sum((self.kind, b, tree) not in c.held for b in path(tree))
+        return lambda tree: cost if (self.kind, batch, tree) not in c.held else 0.0
 
     def _charged(self, batch: int, ranked: list) -> list:
         """``ranked`` with each finalist's capture charge at ``batch`` (``_charge``) filled in."""
@@ -368,6 +395,11 @@ class Session:
         last = next((f for f in ranked if f.tree == self.chooser.last.get(key)), None)
         if last is not None and left(last) <= _SWITCH * left(best):
             best = last
+        plain = next((f for f in ranked if not f.tree.drafts), None)
+        called = {d for d in (True, False) if (self.kind, batch, self.setting, d) in self.chooser.called}
+        if (why == "first" and best.tree.drafts and plain is not None and called == {True}
+                and best.tokens_per_second < _MEASURE_PLAIN_BELOW * plain.tokens_per_second):
+            best, why = plain, "no tree, to measure it here"  # once: its call is counted in ``called``
         self.chooser.last[key] = best.tree
         shown = [best] + ranked[:_FINALISTS] + [f for f in ranked if not f.tree.drafts or f.tree == self.tree]
         choice = TreeChoice(best.tree, batch, why, tuple(dict.fromkeys(shown)), self.acceptance.fit(), cycle)
@@ -388,8 +420,6 @@ class Session:
             self.remaining = remaining
         if self.captures:
             self.chooser.sync(generation)
-        if not self._path or self._path[-1] != batch:
-            self._path.append(batch)
         if self.mode not in (None, "graphs"):
             return self.tree
         now = time.perf_counter()
@@ -422,18 +452,19 @@ class Session:
         if self._plan is None or longest is None or self._setup0 is None:
             return
         batch, drafts, cycle = self._plan
-        if self._path:
-            self.chooser.paths[(self.kind, batch, drafts)] = tuple(self._path)
         if stats.num_target_forwards < _REALIZED_MIN_CYCLES or longest < 1:
             return
+        if all(c.tree.drafts for c in self.choices) and stats.mean_accept_length > 1.0:
+            slow = stats.num_target_forwards * stats.mean_accept_length / longest
+            self.chooser.straggle.setdefault((self.kind, batch, self.setting), collections.deque(
+                maxlen=_REALIZED_CALLS)).append(min(max(slow, 1.0), 4.0))
         key = (self.kind, batch, self.setting, drafts)
         first, self.chooser.called = key not in self.chooser.called, self.chooser.called | {key}
         if first or stats.time_compile > 0:  # a first call of a shape pays first-use costs beyond its captures
             return  # (a tree's first call took 7x its prediction on the H200, 0.3 s beyond them), the next does not
-        per_cycle = stats.mean_accept_length if drafts else 1.0
         seconds = stats.time_draft + stats.time_verify + stats.time_other
         seconds += self.prompt_seconds if drafts else 0.0
-        predicted = longest / max(per_cycle, 1.0) * cycle
+        predicted = stats.num_target_forwards * cycle  # the cycles' count is the straggling's (``straggle``)
         if seconds > 0 and predicted > 0:
             self.chooser.realized.setdefault(key, collections.deque(maxlen=_REALIZED_CALLS)).append(seconds / predicted)
 
@@ -474,12 +505,6 @@ def few_row_linears(table: dict, batch: int, q: int) -> bool:
     CycleCosts} of the call's decoding kind (``Chooser.table``)."""
     sizes = sorted(table)
     return table[max((b for b in sizes if b <= batch), default=sizes[0])].few_row_linears(q)
-
-
-def path_batches(batch: int) -> list[int]:
-    """The batches a call of ``batch`` rows runs at under CUDA graphs as its rows finish: its own, then each power of
-    two below it (``storage.plan``)."""
-    return [batch] + [1 << i for i in range((batch - 1).bit_length() - 1, -1, -1) if 1 << i < batch]
 
 
 def _envelope(trees) -> TreeConfig:

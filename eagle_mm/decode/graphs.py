@@ -45,7 +45,12 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["OwnGraph", "nothing_to_undo", "MAX_GRAPHS"]
 
-MAX_GRAPHS = 8  # signatures kept per function; the oldest graph (and its memory pool) is dropped first
+# Signatures kept per function; the oldest graph (and its memory pool) is dropped first. A call's path of batches
+# (16, 8, 4, 2, 1 as rows finish) times the trees the chooser moves between held more than 8: an H100 matrix at
+# greedy batch 16 captured again in every call (dev/results/ab6_h100_2026-12-06). One memory pool shared by a
+# function's graphs would hold one graph's scratch memory instead of one per graph, but an H100 run with it failed
+# ("unspecified launch failure", sampled batch 64, dev/results/ab7_h100_2026-12-06): each graph keeps its own.
+MAX_GRAPHS = 16
 _CAPTURING = threading.Lock()  # held by the one capture underway in this process (a lock, not a table: no state)
 
 

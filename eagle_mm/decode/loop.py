@@ -16,7 +16,7 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -198,6 +198,8 @@ class _Call:
     session: Session | None  # the chooser's, when the call was given no tree: it picks the tree before each cycle
     new: int  # new tokens per row the call decodes at most
     few_rows: object  # (batch, q) -> whether a forward of q tokens per row takes the few-row linears (``_linears``)
+    # few_rows' answers so far: the costs it reads are fixed for the call, so a cycle looks its shapes up once
+    verdicts: dict = field(default_factory=dict)
 
 
 def _prompt_forward(call: _Call, input_ids, slot_pos, position_ids, images):
@@ -350,7 +352,10 @@ def _cycle(call: _Call, state: DecodeState) -> None:
 def _linears(call: _Call, batch: int, q: int):
     """The context a forward of ``q`` tokens per row at ``batch`` rows runs in: ``skinny.py``'s few-row linears on a
     CPU where the probe measured them faster (``_Call.few_rows``), else none."""
-    return for_rows(call.linears, batch * q) if call.few_rows(batch, q) else contextlib.nullcontext()
+    verdict = call.verdicts.get((batch, q))
+    if verdict is None:
+        verdict = call.verdicts[batch, q] = call.few_rows(batch, q)
+    return for_rows(call.linears, batch * q) if verdict else contextlib.nullcontext()
 
 
 def _never(batch: int, q: int) -> bool:
@@ -359,9 +364,13 @@ def _never(batch: int, q: int) -> bool:
 
 
 def _drop_finished(call: _Call, state: DecodeState) -> None:
-    """Go on with the rows that have not finished (``storage.plan``; compiled runs keep their batch)."""
+    """Go on with the rows that have not finished (``storage.plan``; compiled runs keep their batch, and a captured
+    call where the chooser finds a new capture would cost more than the fewer rows save)."""
     mode = call.dec.runner.mode
     keep = plan(state.slots, state.finished, mode == "graphs") if mode in (None, "graphs") else None
+    if keep is not None and call.session is not None:
+        left = call.new - min(len(state.generated[b]) for b in state.slots if not state.finished[b])
+        keep = keep if call.session.shrink_pays(call.dec.storage.batch, len(keep), left) else None
     if keep is not None:
         call.dec.storage.compact(keep)
         state.keep(keep)

@@ -66,15 +66,11 @@ def _resolve(backend: str | None, device: torch.device, width: int = 1, load=_tr
     chosen = backend or os.environ.get(ENV_BACKEND) or "auto"
     if chosen not in BACKENDS:
         raise ValueError(f"verify backend {chosen!r} unknown; expected one of {BACKENDS}")
-    if chosen == "torch":
-        return "torch"
-    if device.type != "cuda" and not _interpreting():
-        if chosen == "triton":
-            raise RuntimeError(f"Triton verify needs CUDA tensors (got {device}) or TRITON_INTERPRET=1 "
-                               "set before the kernel module (eagle_mm.kernels.triton_*) is first imported")
-        return "torch"
-    if chosen == "auto" and device.type != "cuda":
+    if chosen == "torch" or (chosen == "auto" and device.type != "cuda"):
         return "torch"  # the interpreter is for tests that ask for it, never picked on its own
+    if device.type != "cuda" and not _interpreting():  # chosen is "triton" here
+        raise RuntimeError(f"Triton verify needs CUDA tensors (got {device}) or TRITON_INTERPRET=1 "
+                           "set before the kernel module (eagle_mm.kernels.triton_*) is first imported")
     if width > MAX_NODES:
         if chosen == "triton":
             raise ValueError(f"Triton verify holds at most {MAX_NODES} nodes per row, got max(N+1, D+1) = {width}")
