@@ -513,8 +513,9 @@ def test_a_tree_measured_losing_its_calls_gives_way_to_no_tree_and_back(stand_in
     model = tiny_model("llama")
     head = em.EagleHead.from_target(model)
     c = em.decoder(model, head).chooser
+    # mode "graphs" (not captured on a CPU): a first call of a shape is not counted there, as on a GPU
     kw = dict(model=model, head=head, cap=None, batch=4, gen=SimpleNamespace(do_sample=False),
-              sampler=None, mode=None, max_depth=64, max_top_k=96, shrinks=True)
+              sampler=None, mode="graphs", max_depth=64, max_top_k=96, shrinks=True)
     s = Session.start(c, **kw)
     assert s.tree.drafts
     ahead = s.choices[0].finalists[0].tokens_per_second / next(
@@ -726,6 +727,18 @@ def test_a_calls_realized_time_is_weighed_per_cycle(stand_in):
     c.called = frozenset({(s.kind, 1, s.setting, drafts)})
     s.finish(_finished(40, 4.0, seconds=40 * cycle * 1.5), 0.0, 128)
     assert c.realized[(s.kind, 1, s.setting, drafts)][-1] == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("mode", [None, "graphs"])
+def test_a_first_call_counts_where_it_ran_eagerly(stand_in, mode):
+    """A shape's first call is counted in the realized times where its steps ran eagerly (nothing to build or
+    capture), not where they replay as CUDA graphs (its first-use costs go beyond its captures)."""
+    c, s = _graph_session(stand_in, 100)
+    s.mode = mode
+    s.next_tree(1, _stats(0), 0.0)
+    _, drafts, cycle = s._plan
+    s.finish(_finished(40, 4.0, seconds=40 * cycle * 1.5), 0.0, 128)
+    assert (c.realized.get((s.kind, 1, s.setting, drafts)) is not None) == (mode is None)
 
 
 def test_after_a_drafting_call_the_next_measures_no_tree_once(stand_in, monkeypatch):

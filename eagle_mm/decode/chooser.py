@@ -460,8 +460,12 @@ class Session:
                 maxlen=_REALIZED_CALLS)).append(min(max(slow, 1.0), 4.0))
         key = (self.kind, batch, self.setting, drafts)
         first, self.chooser.called = key not in self.chooser.called, self.chooser.called | {key}
-        if first or stats.time_compile > 0:  # a first call of a shape pays first-use costs beyond its captures
-            return  # (a tree's first call took 7x its prediction on the H200, 0.3 s beyond them), the next does not
+        # A first call of a shape on a GPU pays first-use costs beyond its captures (a tree's first call took 7x its
+        # prediction on the H200, 0.3 s beyond them), the next does not. An eager call has none to speak of: its
+        # first call counts, so that the next call weighs a tree that lost (this project's CPU, greedy batch 4: two
+        # calls drafted at 0.78x generate's rate, the first uncounted, dev/results/matrix_cpu_2026-12-06.json).
+        if (first and self.mode is not None) or stats.time_compile > 0:
+            return
         seconds = stats.time_draft + stats.time_verify + stats.time_other
         seconds += self.prompt_seconds if drafts else 0.0
         predicted = stats.num_target_forwards * cycle  # the cycles' count is the straggling's (``straggle``)
