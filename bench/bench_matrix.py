@@ -149,23 +149,13 @@ def _time_method(fn, device, repeats: int) -> dict:
 
 
 def _call_record(out, seconds: float) -> dict:
-    """One call of ours, untimed first one included: its trees, its phases' seconds, its first choice's finalists."""
+    """One call of ours, untimed first one included: its trees, its phases' seconds, its choices (first, later)."""
     s = out.stats
     return {"s": seconds, "tree": _tree_path(s), "setup_s": s.time_compile, "prefill_s": s.time_prefill,
             "draft_s": s.time_draft, "verify_s": s.time_verify, "other_s": s.time_other,
             "forwards": s.num_target_forwards, "accept": s.mean_accept_length,
             "first_choice": s.choices[0].as_dict() if s.choices else None,
-            "later_choices": [_brief(c) for c in s.choices[1:]]}
-
-
-def _brief(choice) -> dict:
-    """A choice after the first, short: when, why, the acceptance fit, and each finalist's (tree, expected rate per
-    row, accept length, cycle ms, capture s)."""
-    d = choice.as_dict()
-    return {"tree": d["tree"], "batch": d["batch"], "why": d["why"], "cycle": d["cycle"],
-            "acceptance": [round(a, 3) for a in d["acceptance"]],
-            "finalists": [(f["tree"], round(f["tokens_per_second_per_row"]), round(f["accept_length"], 2),
-                           round(f["cycle_ms"], 3), round(f["capture_s"], 3)) for f in d["finalists"]]}
+            "later_choices": [c.as_dict() for c in s.choices[1:]]}
 
 
 def _row(args, m, model, head, mode, batch, device, scenes, examples, ref32) -> dict:

@@ -3,7 +3,8 @@
 # ONLY_OURS=1, then this checkout with HF static, one process each, median of 3; bench_8b at accept 4 both ways), the
 # chooser's CUDA tests, a first call with empty caches; beside them, on this host's CPU pinned to cores 0-1 (the GPU
 # work on cores 2-15): dev/probes/cpu_steps.py (where a plain step goes against generate's), then CPU matrix rows
-# until CPU_DEADLINE (epoch s). PRE8B=0: bench_8b on this checkout only. Every output lands in OUTDIR, and OUTDIR.tgz (the device returns few files).
+# until CPU_DEADLINE (epoch s). PRE8B=0: bench_8b on this checkout only. Every output lands in OUTDIR, and
+# OUTDIR.tgz (the device returns few files).
 #   CPU_DEADLINE=$(( $(date +%s) + 400 )) bash dev/gpu/ab4_run.sh OUTDIR      (NOCPU=1: no CPU work)
 set -u
 OUT=${1:?usage: ab4_run.sh OUTDIR}

@@ -396,8 +396,8 @@ class Session:
         if last is not None and left(last) <= _SWITCH * left(best):
             best = last
         plain = next((f for f in ranked if not f.tree.drafts), None)
-        called = {d for d in (True, False) if (self.kind, batch, self.setting, d) in self.chooser.called}
-        if (why == "first" and best.tree.drafts and plain is not None and called == {True}
+        ran = lambda drafts: (self.kind, batch, self.setting, drafts) in self.chooser.called  # noqa: E731
+        if (why == "first" and best.tree.drafts and plain is not None and ran(True) and not ran(False)
                 and best.tokens_per_second < _MEASURE_PLAIN_BELOW * plain.tokens_per_second):
             best, why = plain, "no tree, to measure it here"  # once: its call is counted in ``called``
         self.chooser.last[key] = best.tree
@@ -456,8 +456,7 @@ class Session:
             return
         if all(c.tree.drafts for c in self.choices) and stats.mean_accept_length > 1.0:
             slow = stats.num_target_forwards * stats.mean_accept_length / longest
-            self.chooser.straggle.setdefault((self.kind, batch, self.setting), collections.deque(
-                maxlen=_REALIZED_CALLS)).append(min(max(slow, 1.0), 4.0))
+            _note(self.chooser.straggle, (self.kind, batch, self.setting), min(max(slow, 1.0), 4.0))
         key = (self.kind, batch, self.setting, drafts)
         first, self.chooser.called = key not in self.chooser.called, self.chooser.called | {key}
         # A first call of a shape on a GPU pays first-use costs beyond its captures (a tree's first call took 7x its
@@ -470,7 +469,7 @@ class Session:
         seconds += self.prompt_seconds if drafts else 0.0
         predicted = stats.num_target_forwards * cycle  # the cycles' count is the straggling's (``straggle``)
         if seconds > 0 and predicted > 0:
-            self.chooser.realized.setdefault(key, collections.deque(maxlen=_REALIZED_CALLS)).append(seconds / predicted)
+            _note(self.chooser.realized, key, seconds / predicted)
 
     def _observe(self, stats, setup: float) -> None:
         forwards, seconds = stats.num_target_forwards, stats.time_draft + stats.time_verify + stats.time_other
@@ -489,7 +488,7 @@ class Session:
         if setup == last_setup:  # a cycle that captured or compiled a step says nothing of the steady cost
             self._learn_overhead(seconds - last_seconds)
         elif self.captures and setup > last_setup:  # ... but says what a capture costs
-            self.chooser.captures.setdefault(self.kind, collections.deque(maxlen=15)).append(setup - last_setup)
+            _note(self.chooser.captures, self.kind, setup - last_setup, 15)
 
     def _learn_overhead(self, cycle: float) -> None:
         """The host's share of a cycle: what recent cycles took beyond the probed steps (their median: a cycle that
@@ -498,9 +497,15 @@ class Session:
         steps = self._steps.get((self._batch, self.tree))
         if steps is None:  # read from the table once per batch and tree: the host's work per cycle stays small
             steps = self._steps[(self._batch, self.tree)] = cycle_seconds(self.table, self._batch, self.tree)
-        recent = self.chooser.residuals.setdefault(key, collections.deque(maxlen=15))
-        recent.append(cycle - steps)
+        recent = _note(self.chooser.residuals, key, cycle - steps, 15)
         self.chooser.overhead[key] = max(0.0, statistics.median(recent))
+
+
+def _note(recent: dict, key, value: float, keep: int = _REALIZED_CALLS) -> collections.deque:
+    """Append ``value`` to ``recent[key]``, the last ``keep`` values seen there; returns them."""
+    seen = recent.setdefault(key, collections.deque(maxlen=keep))
+    seen.append(value)
+    return seen
 
 
 def few_row_linears(table: dict, batch: int, q: int) -> bool:

@@ -16,8 +16,8 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
+from functools import cache, partial
 
 import torch
 
@@ -152,6 +152,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
                 dec.chooser.table(decode_kind(sampler, False, input_ids.device))
                 or dec.chooser.table(decode_kind(None, False, input_ids.device)))
             few_rows = partial(few_row_linears, table) if table else _never
+        few_rows = cache(few_rows)  # the costs it reads are fixed for the call: each shape is looked up once
         capacity = session.capacity if session is not None else tree  # the largest tree the call may switch to
         check_cache_room(parts, max_length - 1, capacity)  # the last verify is over at most max_length - 2 slots
         stats = SpeculativeStats(accept_counts=[0] * capacity.depth, tree=tree, mode=mode)
@@ -198,8 +199,6 @@ class _Call:
     session: Session | None  # the chooser's, when the call was given no tree: it picks the tree before each cycle
     new: int  # new tokens per row the call decodes at most
     few_rows: object  # (batch, q) -> whether a forward of q tokens per row takes the few-row linears (``_linears``)
-    # few_rows' answers so far: the costs it reads are fixed for the call, so a cycle looks its shapes up once
-    verdicts: dict = field(default_factory=dict)
 
 
 def _prompt_forward(call: _Call, input_ids, slot_pos, position_ids, images):
@@ -352,10 +351,7 @@ def _cycle(call: _Call, state: DecodeState) -> None:
 def _linears(call: _Call, batch: int, q: int):
     """The context a forward of ``q`` tokens per row at ``batch`` rows runs in: ``skinny.py``'s few-row linears on a
     CPU where the probe measured them faster (``_Call.few_rows``), else none."""
-    verdict = call.verdicts.get((batch, q))
-    if verdict is None:
-        verdict = call.verdicts[batch, q] = call.few_rows(batch, q)
-    return for_rows(call.linears, batch * q) if verdict else contextlib.nullcontext()
+    return for_rows(call.linears, batch * q) if call.few_rows(batch, q) else contextlib.nullcontext()
 
 
 def _never(batch: int, q: int) -> bool:
@@ -369,8 +365,7 @@ def _drop_finished(call: _Call, state: DecodeState) -> None:
     mode = call.dec.runner.mode
     keep = plan(state.slots, state.finished, mode == "graphs") if mode in (None, "graphs") else None
     if keep is not None and call.session is not None:
-        left = call.new - min(len(state.generated[b]) for b in state.slots if not state.finished[b])
-        keep = keep if call.session.shrink_pays(call.dec.storage.batch, len(keep), left) else None
+        keep = keep if call.session.shrink_pays(call.dec.storage.batch, len(keep), _left(call, state)) else None
     if keep is not None:
         call.dec.storage.compact(keep)
         state.keep(keep)
@@ -381,11 +376,15 @@ def _next_tree(call: _Call, state: DecodeState) -> None:
     """The chooser's tree for the next cycle: it observes the last cycle in ``stats``, then keeps its tree or picks
     another (a smaller batch, a moved estimate)."""
     dec = call.dec
-    left = call.new - min(len(state.generated[b]) for b in state.slots if not state.finished[b])
-    tree = call.session.next_tree(dec.storage.batch, call.stats, dec.setup, left, dec.storage.generation)
+    tree = call.session.next_tree(dec.storage.batch, call.stats, dec.setup, _left(call, state), dec.storage.generation)
     if tree != dec.tree:
         dec.set_tree(tree)
         state.drafted = False  # a draft launched ahead was the other tree's
+
+
+def _left(call: _Call, state: DecodeState) -> int:
+    """New tokens per row the call may still decode: its most, less what its shortest live row has."""
+    return call.new - min(len(state.generated[b]) for b in state.slots if not state.finished[b])
 
 
 def _given_tree(tree, new: int, vd: int) -> TreeConfig | None:
