@@ -598,6 +598,38 @@ def test_on_a_gpu_a_cycle_without_a_tree_takes_the_drafting_cycles_host_share_un
     assert c.seconds(table, kind, 4)(none) == pytest.approx(cycle_seconds(table, 4, none))
 
 
+def test_on_a_cpu_a_tree_takes_the_plain_cycles_host_share_until_it_learns_its_own(stand_in):
+    """All that a plain cycle does beyond the steps a drafting cycle does too: a tree not run yet is priced with
+    it (the reverse would charge a plain cycle a head's host work)."""
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    kind = "greedy"
+    c.entries = {"4/greedy": _costs(4, FLAT)}
+    table = c.table(kind)
+    none, tree = TreeConfig.none(), TreeConfig(4, 4, 16)
+    c.overhead[(kind, 4, False)] = 2e-3
+    seconds = c.seconds(table, kind, 4)
+    assert seconds(tree) == pytest.approx(cycle_seconds(table, 4, tree) + 2e-3)
+    c.overhead[(kind, 4, True)] = 5e-3
+    assert c.seconds(table, kind, 4)(tree) == pytest.approx(cycle_seconds(table, 4, tree) + 5e-3)
+
+
+def test_an_untried_tree_is_priced_at_least_as_plain_calls_realized(stand_in):
+    """Calls without a tree that took longer than predicted: a tree not measured at that batch yet takes their
+    ratio (its cycles do what theirs do, and more), not 1; below 1 it keeps 1; once measured, its own."""
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    key = ("greedy", 4, ("greedy", None))
+    c.realized[key + (False,)] = collections.deque([1.2, 1.2])
+    assert c.ratio(*key, True) == pytest.approx(1 + 0.2 * 2 / 3) == c.ratio(*key, False)
+    c.realized[key + (False,)] = collections.deque([0.8])
+    assert c.ratio(*key, True) == 1.0
+    c.realized[key + (True,)] = collections.deque([0.9])
+    assert c.ratio(*key, True) == pytest.approx(0.95)
+
+
 def test_the_capacity_holds_every_candidate_whatever_the_acceptance(stand_in):
     """Calls of one batch size their buffers alike: a capacity that followed the fitted acceptance grew from call to
     call, and each new size allocated new buffers (and captured every step again)."""
@@ -729,6 +761,35 @@ def test_a_calls_realized_time_is_weighed_per_cycle(stand_in):
     assert c.realized[(s.kind, 1, s.setting, drafts)][-1] == pytest.approx(1.5)
 
 
+def test_a_call_that_went_on_at_fewer_rows_is_weighed_by_the_cycles_it_ran(stand_in, monkeypatch):
+    """Each cycle is predicted at the batch and tree it ran: a call that drafted at 4 rows, then went on at 1 row
+    (cheaper cycles, eagerly) and took just what those cycles predict reads 1, not the fraction of the 4-row cycles'
+    price it would read against its first choice alone; and its straggling counts, though it left its tree."""
+    def probe(model, head, cap, batch, **kw):  # a CPU's: a cycle's cost follows its rows and tokens; drafting pays
+        return _costs(batch, lambda q: batch * (1e-3 + 2e-4 * q))
+
+    monkeypatch.setattr(chooser_mod, "probe", probe)
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    s = Session.start(c, model=model, head=head, cap=None, batch=4, gen=SimpleNamespace(do_sample=False),
+                      sampler=None, mode=None, max_depth=64, max_top_k=96, shrinks=True)
+    c.acceptance_for(s.setting).observe(TreeConfig.chain(3), 4000, [3900, 3800, 3700])
+    s = Session.start(c, model=model, head=head, cap=None, batch=4, gen=SimpleNamespace(do_sample=False),
+                      sampler=None, mode=None, max_depth=64, max_top_k=96, shrinks=True)
+    assert s.tree.drafts
+    stats, spent = _stats(0), 0.0
+    for i in range(40):
+        tree = s.next_tree(4 if i < 10 else 1, stats, 0.0)
+        spent += c.seconds(s.table, s.kind, 4 if i < 10 else 1)(tree)
+        stats = _stats(i + 1)
+    assert s.choices[-1].batch == 1
+    stats.time_verify, stats.mean_accept_length, stats.time_compile = spent, 2.0, 0.0
+    s.finish(stats, 0.0, 40)
+    assert c.realized[(s.kind, 4, s.setting, True)][-1] == pytest.approx(1.0, rel=0.05)
+    assert c.straggle[(s.kind, 4, s.setting)][-1] == pytest.approx(2.0)
+
+
 @pytest.mark.parametrize("mode", [None, "graphs"])
 def test_a_first_call_counts_where_it_ran_eagerly(stand_in, mode):
     """A shape's first call is counted in the realized times where its steps ran eagerly (nothing to build or
@@ -768,6 +829,21 @@ def test_the_held_graphs_follow_the_storage_and_the_runners_limit(stand_in):
     assert len(c.held) == chooser_mod.MAX_GRAPHS and (s.kind, 1, TreeConfig.chain(2)) not in c.held
     c.sync(2)  # new memory: its graphs are captured anew
     assert not c.held
+
+
+def test_a_storage_grown_in_a_cycle_moves_the_held_graphs_with_it(stand_in):
+    """A cache that grows within a cycle (its last, say) drops the graphs of the old memory and captures the cycle's
+    steps on the new: the mirror follows at once, so that the next call at that batch is not charged the capture of
+    the tree it replays (nor after another call at that batch that holds the same memory)."""
+    c, s = _graph_session(stand_in, 100)
+    c.captures[s.kind] = collections.deque([0.2])
+    s.next_tree(1, _stats(0), 0.0, generation=1)
+    assert (s.kind, 1, s.tree) in c.held
+    s.moved(2)
+    assert c.generation == 2 and list(c.held) == [(s.kind, 1, s.tree)]
+    c.sync(2)  # the next call's first look: the same memory
+    c.hold(s.kind, 1, TreeConfig.none())
+    assert s._charge(1)(s.tree) == 0.0 and s._charge(1)(TreeConfig.chain(7)) == pytest.approx(0.2)
 
 
 def test_compiled_calls_keep_their_tree(stand_in):

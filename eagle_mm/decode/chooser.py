@@ -192,11 +192,17 @@ class Chooser:
     def ratio(self, kind: str, batch: int, setting: tuple, drafts: bool) -> float:
         """What calls of this kind at ``batch`` took over what was predicted for them, with a tree or without: the
         median of the last calls', drawn toward 1 as if one more call had matched its prediction (one slow call, a
-        machine's busy spell or a first call's warm-up, moves the choice only halfway)."""
-        seen = self.realized.get((kind, batch, setting, drafts))
-        if not seen:
-            return 1.0
-        return 1.0 + (statistics.median(seen) - 1.0) * len(seen) / (len(seen) + 1)
+        machine's busy spell or a first call's warm-up, moves the choice only halfway). Trees not measured yet where
+        calls without one were take those calls' ratio where it exceeds 1: a drafting cycle does all that a plain one
+        does beyond the steps, and more (this project's CPU at greedy batch 4: no tree measured at 1.1x its
+        prediction, the trees priced at their probe alone drafted and lost at 0.71-0.78x generate's rate)."""
+        def of(d: bool) -> float | None:
+            seen = self.realized.get((kind, batch, setting, d))
+            return 1.0 + (statistics.median(seen) - 1.0) * len(seen) / (len(seen) + 1) if seen else None
+        own = of(drafts)
+        if own is not None:
+            return own
+        return max(1.0, of(False) or 1.0) if drafts else 1.0
 
     def acceptance_for(self, setting: tuple) -> Acceptance:
         return self.acceptance.setdefault(setting, Acceptance())
@@ -226,14 +232,15 @@ class Chooser:
         drafted switched to no tree at their first review (the H200's first call at every batch above 1 did,
         dev/results/diag_h200_2026-12-06), the later calls keeping it. On a GPU both sorts of cycle wait on the host
         alike (the host's work is the loop's and the commit's); on a CPU a tree's share holds its head's host work
-        too, which would overcharge a cycle without one: there it stays 0 until learned."""
+        too, which would overcharge a cycle without one: there a plain cycle's stays 0 until learned, and a tree's
+        takes a plain cycle's (all of it is a tree's work too)."""
         def extra(drafts: bool) -> float | None:
             learned = [(abs(b.bit_length() - batch.bit_length()), abs(b - batch), v)
                        for (k, b, d), v in self.overhead.items() if k == kind and d == drafts]
             return min(learned)[2] if learned else None
         learned = {True: extra(True), False: extra(False)}
         borrow = self.device.type == "cuda"
-        extras = {d: learned[d] if learned[d] is not None else (borrow and learned[not d]) or 0.0
+        extras = {d: learned[d] if learned[d] is not None else ((borrow or d) and learned[not d]) or 0.0
                   for d in (True, False)}
         return lambda tree: cycle_seconds(table, batch, tree) + extras[tree.drafts]
 
@@ -288,6 +295,7 @@ class Session:
     prompt_seconds: float = 0.0  # the head's pass over the prompt (the loop times it): a cost of drafting
     _plan: tuple | None = None  # the first choice: (batch, drafts, its cycle's seconds as the probe and host predict)
     _setup0: float | None = None  # the decoder's setup seconds at the first cycle
+    _ran: dict = field(default_factory=dict)  # (batch, tree) -> the call's cycles that ran it (the realized ratio's)
 
     @classmethod
     def start(cls, chooser: Chooser, *, model, head, cap, batch: int, gen, sampler, mode, max_depth: int,
@@ -421,6 +429,7 @@ class Session:
         if self.captures:
             self.chooser.sync(generation)
         if self.mode not in (None, "graphs"):
+            self._count(batch)
             return self.tree
         now = time.perf_counter()
         why = None
@@ -443,7 +452,22 @@ class Session:
             self.tree = new
         if self.captures:
             self.chooser.hold(self.kind, batch, self.tree)
+        self._count(batch)
         return self.tree
+
+    def _count(self, batch: int) -> None:
+        key = (batch, self.tree)
+        self._ran[key] = self._ran.get(key, 0) + 1
+
+    def moved(self, generation) -> None:
+        """The storage grew within the cycle (``Decoder.reserve``) to ``generation``: the graphs captured before went
+        with the old memory, and the cycle's steps are captured on the new. Told after the growth, not at the next
+        cycle: a cache that grew in a call's last cycle left the mirror holding the old memory's graphs, the next
+        call's first look cleared them, and the call after it charged every tree a capture at a batch that held its
+        graphs (an H100 matrix at greedy batch 4 and 16 then kept decoding without a tree)."""
+        if self.captures:
+            self.chooser.sync(generation)
+            self.chooser.hold(self.kind, self._batch, self.tree)
 
     def finish(self, stats, setup: float, longest: int | None = None) -> None:
         """After the call's last cycle: observe it, and what the whole call took against what its first choice
@@ -451,10 +475,13 @@ class Session:
         self._observe(stats, setup)
         if self._plan is None or longest is None or self._setup0 is None:
             return
-        batch, drafts, cycle = self._plan
+        batch, drafts, _ = self._plan
         if stats.num_target_forwards < _REALIZED_MIN_CYCLES or longest < 1:
             return
-        if all(c.tree.drafts for c in self.choices) and stats.mean_accept_length > 1.0:
+        # A call that drafted from the start and went on without a tree once rows finished still waited for its
+        # slowest rows (this project's CPU at greedy batch 4: 93 cycles at 2.3 tokens for 128, not counted, and the
+        # next calls drafted at the straggling of 1 and lost to generate)
+        if drafts and stats.mean_accept_length > 1.0:
             slow = stats.num_target_forwards * stats.mean_accept_length / longest
             _note(self.chooser.straggle, (self.kind, batch, self.setting), min(max(slow, 1.0), 4.0))
         key = (self.kind, batch, self.setting, drafts)
@@ -467,7 +494,13 @@ class Session:
             return
         seconds = stats.time_draft + stats.time_verify + stats.time_other
         seconds += self.prompt_seconds if drafts else 0.0
-        predicted = stats.num_target_forwards * cycle  # the cycles' count is the straggling's (``straggle``)
+        # Each cycle as predicted for the batch and tree it ran (the cycles' count is the straggling's): priced all at
+        # the first choice's, a call that went on at fewer rows and cheaper cycles (a CPU's) looked faster than
+        # predicted, and the next calls drafted again where they had lost
+        ran = self._ran or {(batch, self.choices[0].tree): 1}
+        mean = sum(n * self.chooser.seconds(self.table, self.kind, b)(t) for (b, t), n in ran.items()) / sum(
+            ran.values())
+        predicted = stats.num_target_forwards * mean
         if seconds > 0 and predicted > 0:
             _note(self.chooser.realized, key, seconds / predicted)
 

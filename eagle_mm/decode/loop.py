@@ -301,6 +301,8 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     Q = t.total_tokens + 1
     if store.cur + Q > store.length:  # the engine's cache grows as the rows commit tokens
         dec.reserve()
+        if call.session is not None:
+            call.session.moved(store.generation)
     if call.limit is not None:
         check_cache_room(call.parts, store.cur, t)
     t0 = time.perf_counter()
