@@ -617,7 +617,8 @@ def test_on_a_cpu_a_tree_takes_the_plain_cycles_host_share_until_it_learns_its_o
 
 def test_an_untried_tree_is_priced_at_least_as_plain_calls_realized(stand_in):
     """Calls without a tree that took longer than predicted: a tree not measured at that batch yet takes their
-    ratio (its cycles do what theirs do, and more), not 1; below 1 it keeps 1; once measured, its own."""
+    ratio (its cycles do what theirs do, and more), not 1, on a CPU; below 1, or on a GPU, 1; once measured, its
+    own."""
     model = tiny_model("llama")
     head = em.EagleHead.from_target(model)
     c = em.decoder(model, head).chooser
@@ -625,6 +626,9 @@ def test_an_untried_tree_is_priced_at_least_as_plain_calls_realized(stand_in):
     c.realized[key + (False,)] = collections.deque([1.2, 1.2])
     assert c.ratio(*key, True) == pytest.approx(1 + 0.2 * 2 / 3) == c.ratio(*key, False)
     c.realized[key + (False,)] = collections.deque([0.8])
+    assert c.ratio(*key, True) == 1.0
+    c.realized[key + (False,)] = collections.deque([1.2, 1.2])
+    c.device = torch.device("cuda")  # a GPU's plain cycles took longer by the host's share, which is not scaled
     assert c.ratio(*key, True) == 1.0
     c.realized[key + (True,)] = collections.deque([0.9])
     assert c.ratio(*key, True) == pytest.approx(0.95)

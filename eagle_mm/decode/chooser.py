@@ -192,17 +192,21 @@ class Chooser:
     def ratio(self, kind: str, batch: int, setting: tuple, drafts: bool) -> float:
         """What calls of this kind at ``batch`` took over what was predicted for them, with a tree or without: the
         median of the last calls', drawn toward 1 as if one more call had matched its prediction (one slow call, a
-        machine's busy spell or a first call's warm-up, moves the choice only halfway). Trees not measured yet where
-        calls without one were take those calls' ratio where it exceeds 1: a drafting cycle does all that a plain one
-        does beyond the steps, and more (this project's CPU at greedy batch 4: no tree measured at 1.1x its
-        prediction, the trees priced at their probe alone drafted and lost at 0.71-0.78x generate's rate)."""
+        machine's busy spell or a first call's warm-up, moves the choice only halfway). On a CPU, trees not measured
+        yet where calls without one were take those calls' ratio where it exceeds 1: there a cycle's time is its
+        compute, and a drafting cycle does all that a plain one does, and more (this project's CPU at greedy batch 4:
+        no tree measured at 1.1x its prediction, the trees priced at their probe alone drafted and lost at 0.71-0.78x
+        generate's rate). Not on a GPU, where what a plain cycle takes beyond its prediction is mostly the host's
+        fixed share, learned apart (``seconds``): scaled onto a tree's longer cycle it priced the tree out (an H100 at
+        sampled batch 1: no tree measured at about 1.3x its prediction, and the later calls kept no tree at 0.74x the
+        fixed tree's rate, dev/results/ab10_h100_2026-12-06)."""
         def of(d: bool) -> float | None:
             seen = self.realized.get((kind, batch, setting, d))
             return 1.0 + (statistics.median(seen) - 1.0) * len(seen) / (len(seen) + 1) if seen else None
         own = of(drafts)
         if own is not None:
             return own
-        return max(1.0, of(False) or 1.0) if drafts else 1.0
+        return max(1.0, of(False) or 1.0) if drafts and self.device.type != "cuda" else 1.0
 
     def acceptance_for(self, setting: tuple) -> Acceptance:
         return self.acceptance.setdefault(setting, Acceptance())
