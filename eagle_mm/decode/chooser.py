@@ -432,36 +432,31 @@ class Session:
             self.remaining = remaining
         if self.captures:
             self.chooser.sync(generation)
-        if self.mode not in (None, "graphs"):
-            self._count(batch)
-            return self.tree
-        now = time.perf_counter()
-        why = None
-        if batch != self._batch and self.captures:  # the call keeps its tree, whose captures its choice counted
-            self._batch = batch
-        elif batch != self._batch:
-            why = "rows finished"
-        elif self._cycles >= _REFIT_CYCLES and now - self._fit_at >= _REFIT_SECONDS:
-            self._fit_at, self._cycles = now, 0
-            ranked = self._charged(batch, self.rank(batch))
-            left = self._seconds_left(self.remaining)
-            running = next(f for f in ranked if f.tree == self.tree)
-            best = min(ranked, key=left)
-            if best.tree != self.tree and left(running) > _SWITCH * left(best):
-                why = "acceptance or costs moved"
-        if why is not None:
-            self._batch = batch
-            new = self._choose(batch, why, stats.num_target_forwards).tree
-            self._stale = not self.tree.drafts and new.drafts
-            self.tree = new
-        if self.captures:
-            self.chooser.hold(self.kind, batch, self.tree)
-        self._count(batch)
-        return self.tree
-
-    def _count(self, batch: int) -> None:
-        key = (batch, self.tree)
+        if self.mode in (None, "graphs"):  # compiled calls keep their tree
+            now = time.perf_counter()
+            why = None
+            if batch != self._batch and self.captures:  # the call keeps its tree, whose captures its choice counted
+                self._batch = batch
+            elif batch != self._batch:
+                why = "rows finished"
+            elif self._cycles >= _REFIT_CYCLES and now - self._fit_at >= _REFIT_SECONDS:
+                self._fit_at, self._cycles = now, 0
+                ranked = self._charged(batch, self.rank(batch))
+                left = self._seconds_left(self.remaining)
+                running = next(f for f in ranked if f.tree == self.tree)
+                best = min(ranked, key=left)
+                if best.tree != self.tree and left(running) > _SWITCH * left(best):
+                    why = "acceptance or costs moved"
+            if why is not None:
+                self._batch = batch
+                new = self._choose(batch, why, stats.num_target_forwards).tree
+                self._stale = not self.tree.drafts and new.drafts
+                self.tree = new
+            if self.captures:
+                self.chooser.hold(self.kind, batch, self.tree)
+        key = (batch, self.tree)  # the cycles each batch and tree ran, for the realized time (``finish``)
         self._ran[key] = self._ran.get(key, 0) + 1
+        return self.tree
 
     def moved(self, generation) -> None:
         """The storage grew within the cycle (``Decoder.reserve``) to ``generation``: the graphs captured before went
