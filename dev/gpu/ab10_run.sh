@@ -8,14 +8,7 @@ OUT=${1:?usage: ab10_run.sh OUTDIR}
 OUT=$(realpath -m "$OUT")
 source "$(dirname "$0")/prelude.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
-C="env CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 PYTHONPATH=$R taskset -c 0,1"
-[ "${NOCPU:-0}" = 1 ] || (
-  for r in ${CPUROWS:-greedy1 sampled1 greedy4 sampled4 greedy16 sampled16}; do
-    [ "$(date +%s)" -gt "${CPU_DEADLINE:-0}" ] && break
-    $C timeout 150 python bench/bench_matrix.py --repeats 2 --rows "$r" --methods hf_eager hf_static ours \
-      --out "$OUT/cpu_$r.json" >> "$OUT/cpu.log" 2>&1
-    echo "$(date -u +%T) cpu row $r rc=$?" >> "$OUT/cpu.log"
-  done ) &
+[ "${NOCPU:-0}" = 1 ] || cpu_rows "${CPUROWS:-greedy1 sampled1 greedy4 sampled4 greedy16 sampled16}" &
 CPU=$!
 log "start interleaved"
 ROWS=${ABROWS:-greedy1 sampled1 greedy4 sampled4 greedy16} bash dev/gpu/ab_interleaved.sh "$OUT/ab" > /dev/null 2>&1

@@ -9,14 +9,7 @@ set -u
 OUT=${1:?usage: ab11_rest.sh OUTDIR}
 OUT=$(realpath -m "$OUT")
 source "$(dirname "$0")/prelude.sh"
-C="env CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 PYTHONPATH=$R taskset -c 0,1"
-[ "${NOCPU:-0}" = 1 ] || (
-  for r in ${CPUROWS:-greedy16 sampled16}; do
-    [ "$(date +%s)" -gt "${CPU_DEADLINE:-0}" ] && break
-    $C timeout 150 python bench/bench_matrix.py --repeats 2 --rows "$r" --methods hf_eager hf_static ours \
-      --out "$OUT/cpu_$r.json" >> "$OUT/cpu.log" 2>&1
-    echo "$(date -u +%T) cpu row $r rc=$?" >> "$OUT/cpu.log"
-  done ) &
+[ "${NOCPU:-0}" = 1 ] || cpu_rows "${CPUROWS:-greedy16 sampled16}" &
 CPU=$!
 log "start cold"
 PYTHONPATH=$R timeout 40 $G python dev/gpu/cold_profile.py > "$OUT/cold_greedy.log" 2>&1
@@ -30,16 +23,8 @@ if [ $rc != 0 ]; then
     --methods ours --out "$OUT/repro_blocking.json" > "$OUT/repro_blocking.log" 2>&1
   log "end repro_blocking rc=$?"
 fi
-log "start 8b_ab"
-(cd .pre37 && PYTHONPATH=$PWD timeout 90 $G python bench/bench_8b.py --accept 4 \
-  --modes ceiling ours_default --out "$OUT/8b_pre37.json" > "$OUT/8b_pre37.log" 2>&1)
-PYTHONPATH=$R timeout 90 $G python bench/bench_8b.py --accept 4 --modes ceiling ours_default --out "$OUT/8b_head.json" \
-  > "$OUT/8b_head.log" 2>&1
-log "end 8b_ab rc=$?"
-log "start cudatests"
-PYTHONPATH=$R TRITON_INTERPRET=0 timeout ${TESTS_T:-90} $G python -m pytest -o addopts="" -q -rs -p no:cacheprovider \
-  tests/test_chooser.py tests/test_graphs.py -k "cuda or graphs or chooser or capture" > "$OUT/cudatests.log" 2>&1
-log "end cudatests rc=$?"
+ab_8b 90
+cuda_tests
 [ -n "${ABROWS:-}" ] && ROWS="$ABROWS" bash dev/gpu/ab_interleaved.sh "$OUT/ab" > /dev/null 2>&1
 wait $CPU 2>/dev/null
 log "all done"

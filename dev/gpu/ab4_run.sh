@@ -15,12 +15,7 @@ C="env CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 PYTHONPATH=$R t
 [ "${NOCPU:-0}" = 1 ] || (
   $C timeout 200 python dev/probes/cpu_steps.py --out "$OUT/cpu_steps" > "$OUT/cpu_steps.log" 2>&1
   echo "$(date -u +%T) cpu_steps rc=$?" >> "$OUT/cpu.log"
-  for r in ${CPUROWS:-greedy1 sampled1 greedy4 sampled4 greedy16 sampled16}; do
-    [ "$(date +%s)" -gt "${CPU_DEADLINE:-0}" ] && break
-    $C timeout 150 python bench/bench_matrix.py --repeats 2 --rows "$r" --methods hf_eager hf_static ours \
-      --out "$OUT/cpu_$r.json" >> "$OUT/cpu.log" 2>&1
-    echo "$(date -u +%T) cpu row $r rc=$?" >> "$OUT/cpu.log"
-  done ) &
+  cpu_rows "${CPUROWS:-greedy1 sampled1 greedy4 sampled4 greedy16 sampled16}" ) &
 CPU=$!
 mkdir -p .pre37/eagle_mm/zoo/models && cp -r eagle_mm/zoo/models/code-tiny .pre37/eagle_mm/zoo/models/
 ROWS=${ROWS:-greedy1 sampled1 greedy4 sampled4 greedy16 sampled16 greedy32 sampled32 greedy64 sampled64}
@@ -32,16 +27,8 @@ log "start matrix_head"
 PYTHONPATH=$R timeout ${HEAD_T:-250} $G python bench/bench_matrix.py --repeats 3 --rows $ROWS \
   --methods ${METHODS:-hf_static ours} --out "$OUT/matrix_head.json" > "$OUT/matrix_head.log" 2>&1
 log "end matrix_head rc=$?"
-log "start 8b_ab"
-[ "${PRE8B:-1}" = 1 ] && (cd .pre37 && PYTHONPATH=$PWD timeout 100 $G python bench/bench_8b.py --accept 4 \
-  --modes ceiling ours_default --out "$OUT/8b_pre37.json" > "$OUT/8b_pre37.log" 2>&1)
-PYTHONPATH=$R timeout 100 $G python bench/bench_8b.py --accept 4 --modes ceiling ours_default --out "$OUT/8b_head.json" \
-  > "$OUT/8b_head.log" 2>&1
-log "end 8b_ab rc=$?"
-log "start cudatests"
-PYTHONPATH=$R TRITON_INTERPRET=0 timeout ${TESTS_T:-90} $G python -m pytest -o addopts="" -q -rs -p no:cacheprovider \
-  tests/test_chooser.py tests/test_graphs.py -k "cuda or graphs or chooser or capture" > "$OUT/cudatests.log" 2>&1
-log "end cudatests rc=$?"
+ab_8b 100
+cuda_tests
 log "start cold"
 PYTHONPATH=$R timeout 40 $G python dev/gpu/cold_profile.py > "$OUT/cold_greedy.log" 2>&1
 log "end cold rc=$?"

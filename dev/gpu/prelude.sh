@@ -7,3 +7,30 @@ R=$PWD
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 log() { echo "$(date -u +%T) $*" | tee -a "$OUT/steps.log"; }
 G="taskset -c 2-15"
+# CPU matrix rows beside the GPU work: each row of $1 in a process of its own on cores 0-1, until CPU_DEADLINE (epoch
+# s), into OUT/cpu_ROW.json and OUT/cpu.log. Run it in the background: `cpu_rows "greedy1 sampled1" &`.
+cpu_rows() {
+  local r C="env CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 PYTHONPATH=$R taskset -c 0,1"
+  for r in $1; do
+    [ "$(date +%s)" -gt "${CPU_DEADLINE:-0}" ] && break
+    $C timeout 150 python bench/bench_matrix.py --repeats 2 --rows "$r" --methods hf_eager hf_static ours \
+      --out "$OUT/cpu_$r.json" >> "$OUT/cpu.log" 2>&1
+    echo "$(date -u +%T) cpu row $r rc=$?" >> "$OUT/cpu.log"
+  done
+}
+# bench_8b at accept 4: .pre37/ (commit b360572; skipped with PRE8B=0), then this checkout; $1: seconds each.
+ab_8b() {
+  log "start 8b_ab"
+  [ "${PRE8B:-1}" = 1 ] && (cd .pre37 && PYTHONPATH=$PWD timeout "$1" $G python bench/bench_8b.py --accept 4 \
+    --modes ceiling ours_default --out "$OUT/8b_pre37.json" > "$OUT/8b_pre37.log" 2>&1)
+  PYTHONPATH=$R timeout "$1" $G python bench/bench_8b.py --accept 4 --modes ceiling ours_default \
+    --out "$OUT/8b_head.json" > "$OUT/8b_head.log" 2>&1
+  log "end 8b_ab rc=$?"
+}
+# The chooser's and the graphs' CUDA tests, into OUT/cudatests.log.
+cuda_tests() {
+  log "start cudatests"
+  PYTHONPATH=$R TRITON_INTERPRET=0 timeout ${TESTS_T:-90} $G python -m pytest -o addopts="" -q -rs -p no:cacheprovider \
+    tests/test_chooser.py tests/test_graphs.py -k "cuda or graphs or chooser or capture" > "$OUT/cudatests.log" 2>&1
+  log "end cudatests rc=$?"
+}
