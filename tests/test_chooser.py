@@ -754,6 +754,25 @@ def test_a_batch_waiting_for_its_slowest_row_prices_its_trees_by_it(stand_in):
     assert all(after[t] == pytest.approx(n / 1.25 if t.drafts else n) for t, n in before.items())
 
 
+def test_a_batch_not_measured_yet_straggles_at_least_as_the_smaller_ones_measured(stand_in):
+    """More rows wait for a slower slowest row: before any call at a batch, its straggling is the most measured at a
+    smaller batch of the kind and setting (not a larger batch's, nor another setting's); once measured, its own."""
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    kind, greedy, sampled = "greedy", ("greedy", None), ("sampled", None)
+    c.straggle[(kind, 2, greedy)] = collections.deque([1.2])
+    c.straggle[(kind, 4, greedy)] = collections.deque([1.5, 1.4, 1.6])
+    c.straggle[(kind, 32, greedy)] = collections.deque([2.0])
+    c.straggle[(kind, 8, sampled)] = collections.deque([3.0])
+    assert c.straggling(kind, 16, greedy) == pytest.approx(1.5)
+    assert c.straggling(kind, 3, greedy) == pytest.approx(1.2)
+    assert c.straggling(kind, 1, greedy) == 1.0
+    assert c.straggling("sampled-graphs", 16, greedy) == 1.0
+    c.straggle[(kind, 16, greedy)] = collections.deque([1.1])
+    assert c.straggling(kind, 16, greedy) == pytest.approx(1.1)
+
+
 def test_a_calls_realized_time_is_weighed_per_cycle(stand_in):
     """What a call (not its shape's first) took against its first choice's cycle times the cycles it ran: 1.5x
     slower cycles read 1.5, whatever the straggling."""
