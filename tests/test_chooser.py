@@ -235,6 +235,30 @@ def test_the_cost_file_is_kept_keyed_versioned_and_measured_again_when_damaged(s
     assert len(list(cost_folder().glob("costs-*.json"))) == 2
 
 
+def test_a_cpu_probe_counts_the_rounds_a_step_already_ran():
+    """On a CPU the timers take turns at least once and until each has 3 rounds, those it ran before included (a
+    real model's probe was most of its first call); a step slower than the time budget gets no more."""
+    from eagle_mm.decode import costs
+
+    class Slow:
+        cuda, best = False, float("inf")
+
+        def __init__(self, rounds):
+            self.rounds = rounds
+
+        def round(self):
+            time.sleep(0.2)  # past the budget of 0.05 s per timer after one turn
+            self.rounds += 1
+            self.best = min(self.best, 0.2)
+
+    done = [Slow(3), Slow(3)]
+    costs._timed(done)
+    assert [t.rounds for t in done] == [4, 4]  # one turn: a slow spell falls on both
+    fresh = [Slow(0), Slow(3)]
+    costs._timed(fresh)
+    assert [t.rounds for t in fresh] == [3, 6]
+
+
 def test_the_probe_leaves_the_global_random_state_alone():
     """A sampled call seeded through torch's global generator draws the same tokens whether or not its first call
     measured the costs: the probe draws its noise from a generator of its own."""
