@@ -14,8 +14,10 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 import eagle_mm as em
 from eagle_mm import TreeConfig
 from eagle_mm.decode import chooser as chooser_mod
+from eagle_mm.decode import session as session_mod
 from eagle_mm.decode.acceptance import Acceptance, expected_lengths, position_rates
-from eagle_mm.decode.chooser import Session, candidate_trees, rank_trees
+from eagle_mm.decode.chooser import candidate_trees, rank_trees
+from eagle_mm.decode.session import Session
 from eagle_mm.decode.cost_cache import VERSION, CostFile, cost_folder
 from eagle_mm.decode.costs import CycleCosts, cycle_seconds
 from eagle_mm.decode.storage import cache_length, prefill_length
@@ -499,7 +501,7 @@ def test_a_call_without_a_tree_sizes_its_cache_for_the_tokens_it_commits(stand_i
 
 def test_acceptance_moving_makes_the_choice_again(stand_in, monkeypatch):
     """Cycles that accept every draft token raise the fitted acceptance until a bigger tree promises more."""
-    monkeypatch.setattr(chooser_mod, "_REFIT_SECONDS", 0.0)
+    monkeypatch.setattr(session_mod, "_REFIT_SECONDS", 0.0)
     model = tiny_model("llama")
     head = em.EagleHead.from_target(model)
     c = em.decoder(model, head).chooser
@@ -631,7 +633,7 @@ def test_on_a_cpu_a_tree_takes_the_plain_cycles_host_share_until_it_learns_its_o
     kind = "greedy"
     c.entries = {"4/greedy": _costs(4, FLAT)}
     table = c.table(kind)
-    none, tree = TreeConfig.none(), TreeConfig(4, 4, 16)
+    tree = TreeConfig(4, 4, 16)
     c.overhead[(kind, 4, False)] = 2e-3
     seconds = c.seconds(table, kind, 4)
     assert seconds(tree) == pytest.approx(cycle_seconds(table, 4, tree) + 2e-3)
@@ -855,7 +857,7 @@ def test_after_a_drafting_call_the_next_measures_no_tree_once(stand_in, monkeypa
     ``_MEASURE_PLAIN_BELOW`` times its rate; once measured, the rates decide."""
     c, s = _graph_session(stand_in, 100)
     drafting = (s.kind, 1, s.setting, True)
-    monkeypatch.setattr(chooser_mod, "_MEASURE_PLAIN_BELOW", 1e9)
+    monkeypatch.setattr(session_mod, "_MEASURE_PLAIN_BELOW", 1e9)
     assert s._choose(1, "first").tree.drafts  # nothing has drafted here yet
     c.called = frozenset({drafting})
     choice = s._choose(1, "first")
@@ -864,7 +866,7 @@ def test_after_a_drafting_call_the_next_measures_no_tree_once(stand_in, monkeypa
     c.called = frozenset({drafting, (s.kind, 1, s.setting, False)})
     assert s._choose(1, "first").tree.drafts
     c.called = frozenset({drafting})
-    monkeypatch.setattr(chooser_mod, "_MEASURE_PLAIN_BELOW", 0.0)  # a tree that clearly wins is kept
+    monkeypatch.setattr(session_mod, "_MEASURE_PLAIN_BELOW", 0.0)  # a tree that clearly wins is kept
     assert s._choose(1, "first").tree.drafts
 
 

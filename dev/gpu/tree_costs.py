@@ -43,7 +43,8 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("eagle_mm.decode.chooser").setLevel(logging.INFO)  # the probes' seconds, the choices
+    for name in ("eagle_mm.decode.chooser", "eagle_mm.decode.session"):  # the probes' seconds, the choices
+        logging.getLogger(name).setLevel(logging.INFO)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     m = zoo.load("code-tiny", device=dev)

@@ -29,7 +29,8 @@ from ..hf.features import FeatureCapture
 from ..hf.parts import resolve_target
 from .accept import accept
 from .autotree import calibrate_acceptance
-from .chooser import MAX_TOP_K, Session, few_row_linears, setting_of
+from .chooser import MAX_TOP_K, setting_of
+from .session import Session, few_row_linears
 from .cost_cache import decode_kind
 from .decoder import Decoder, decoder
 from .draft import DraftSampler, head_entries
@@ -252,7 +253,7 @@ def _prefill(call: _Call, input_ids, mask, position_ids, images) -> DecodeState:
 def _start_head(call: _Call, feats, ids, slot_pos, root, root_pos) -> None:
     """The head's entries for the prompt (features (B, T', F) at slots slot_pos (B, T') of tokens ids) and the root
     (B,) at root_pos (B,), into the decoder's buffers. A call that starts without a tree never drafts
-    (``chooser.Session``): the head's pass over the prompt is skipped, its entries left empty (positions -1)."""
+    (``session.Session``): the head's pass over the prompt is skipped, its entries left empty (positions -1)."""
     head, cap = call.head, call.cap
     if not call.dec.tree.drafts:
         c, B, S = head.config, *slot_pos.shape

@@ -1,0 +1,347 @@
+"""One call's draft trees: the first choice, the buffers' capacity, and the choice made again as the call goes.
+
+A ``Session`` is one call of the default tree (``loop.py`` makes it): its first tree, the capacity its buffers are
+sized for (every tree it may switch to: the same for every call of a batch, so that later calls reuse the buffers and
+the graphs captured on them), and the choice made again when the batch shrinks (rows finish) or the fitted acceptance
+moves the best tree clearly past the one running. What it learns goes to the decoder's ``Chooser`` (``chooser.py``).
+
+Where the steps replay as CUDA graphs, a tree not yet captured at a batch costs its capture once (measured: the
+seconds the cycles that captured took beyond the steps). As rows finish, a call goes on at a smaller batch only where
+it holds the graphs there or where the fewer rows save more than a capture over the tokens left
+(``Session.shrink_pays``; a small target's call, which shrank at every power of two and captured at each, now
+mostly keeps its batch), and there it keeps its tree (a new choice at each smaller batch made each call's path of
+trees differ from the last one's, so that timed calls captured again). A choice is charged the capture at its own
+batch only: a later shrink pays for itself. A call's first choice weighs the capture against what the tree would
+save on ``_AMORTIZE`` calls' tokens (the graphs serve the calls after it too), a switch within the call against its
+own tokens left.
+
+What the probe and the per-cycle share miss, each call measures. A batch's rows accept at different rates, so it
+runs until its slowest row is done (code-tiny on an H100 at batch 64: 47 cycles for 128 tokens at 4.9 a cycle): a
+call's cycles over the longest row's tokens at its mean acceptance, where its first tree drafted
+(``Chooser.straggle``, counted, so a first call's too), divide a drafting tree's tokens per cycle at that batch. Its
+decode time against what was predicted for the cycles it ran, each at the batch and tree it ran
+(``Chooser.realized``, apart for calls with and without a tree), scales later predictions of that kind at that batch
+and setting, so a tree that lost to the plain decode it was weighed against is measured losing, and dropped. The
+first call of each kind, batch and setting in a process on a GPU, and any call that captured or compiled, is not
+counted there: it pays first-use costs (Triton builds, allocator growth) that later calls do not. A plain decode is
+priced from the probe and a borrowed host share until it has run: where calls at a batch and setting drafted and none
+decoded without a tree, the next call does, once, to measure it, unless a tree promises ``_MEASURE_PLAIN_BELOW``
+times its rate.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+
+from ..config import TreeConfig
+from .acceptance import Acceptance
+from .chooser import Chooser, Finalist, TreeChoice, candidate_trees, setting_of
+from .cost_cache import decode_kind
+from .costs import cycle_seconds
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Session", "few_row_linears"]
+
+_SWITCH = 1.05  # within a call, a new tree must promise this much more than the running one
+_REFIT_SECONDS = 0.5  # within a call, the choice is reviewed (acceptance fitted again) at most this often
+_REFIT_CYCLES = 16  # ... and after this many cycles
+_FINALISTS = 3
+_AMORTIZE = 4  # a call's first choice counts a capture against this many calls' tokens: later calls replay it
+_SAMPLED_BYTES = 1 << 30  # a sampled tree's proposals (batch x nodes x vocabulary, fp32) stay within this
+_REALIZED_CALLS = 5  # the realized-time ratio is the median of the last calls' of its kind, batch and setting
+_REALIZED_MIN_CYCLES = 4  # a call of fewer cycles says little of how a long one goes
+# A first call at a batch and setting that drafted, and none without a tree yet: the next call decodes without one,
+# once, to measure it, unless the best tree promises this many times its rate (an H100 matrix lost to HF's static
+# generate at greedy batch 32 and 64 with trees, while the plain decode it never ran was priced at a tree's host share)
+_MEASURE_PLAIN_BELOW = 2.0
+
+
+@dataclass
+class Session:
+    """One call's choice: ``tree`` to start with, ``capacity`` to size the buffers for; ``next_tree`` before every
+    cycle observes the last one (from the call's ``SpeculativeStats``) and says which tree runs next."""
+
+    chooser: Chooser
+    acceptance: Acceptance
+    table: dict
+    kind: str
+    trees: list
+    mode: str | None
+    setting: tuple = ()
+    tree: TreeConfig = field(default=None)
+    capacity: TreeConfig = field(default=None)
+    sampler: object = None
+    choices: list = field(default_factory=list)
+    _last: tuple = (0, 0, (), 0.0, 0.0)  # stats at the last look: forwards, drafts, accept counts, seconds, setup
+    _batch: int = 0
+    _fit_at: float = 0.0
+    _cycles: int = 0  # cycles observed since the choice was last reviewed within the call
+    idle: bool = False  # the call started without a tree: the head has no entries, nothing can be drafted
+    _stale: bool = False  # the cycle just observed drafted from a head left as it was by cycles without a tree
+    _steps: dict = field(default_factory=dict)  # (batch, tree) -> the probed steps' seconds per cycle
+    captures: bool = False  # the steps replay as CUDA graphs: a tree new at a batch costs its capture
+    remaining: int = 0  # new tokens per row the call has left to decode (at most)
+    prompt_seconds: float = 0.0  # the head's pass over the prompt (the loop times it): a cost of drafting
+    _plan: tuple | None = None  # the first choice: (batch, drafts, its cycle's seconds as the probe and host predict)
+    _setup0: float | None = None  # the decoder's setup seconds at the first cycle
+    _ran: dict = field(default_factory=dict)  # (batch, tree) -> the call's cycles that ran it (the realized ratio's)
+
+    @classmethod
+    def start(cls, chooser: Chooser, *, model, head, cap, batch: int, gen, sampler, mode, max_depth: int,
+              max_top_k: int, shrinks: bool, mrope: bool = False) -> "Session":
+        """Measure what is missing (this batch, and 1 when rows may finish), choose, size the capacity. ``shrinks``:
+        the call goes on with fewer rows as they finish (else it keeps its tree: compiled steps). ``mode``: how the
+        call's steps run (``options.choose_mode``): the costs are probed as CUDA graphs where it captures them.
+        ``max_depth``: the new tokens the call decodes (the first choice weighs captures against them)."""
+        graphs = mode is not None and chooser.device.type == "cuda"
+        chooser.measure(model, head, cap, sorted({batch, 1} if shrinks else {batch}), sampler, graphs, mrope)
+        setting = setting_of(gen)
+        acceptance = chooser.acceptance_for(setting)
+        kind = decode_kind(sampler, graphs, chooser.device)
+        trees = candidate_trees(min(max_depth, 8), max_top_k)
+        if sampler is not None:  # a sampled tree keeps each node's proposal over the vocabulary: bound its memory
+            most = _SAMPLED_BYTES // (4 * batch * sampler.vocab_size) - 1
+            trees = [t for t in trees if t.total_tokens <= most]
+        s = cls(chooser, acceptance, chooser.table(kind), kind, trees, mode, setting, sampler=sampler,
+                captures=mode == "graphs" and chooser.device.type == "cuda", remaining=max_depth)
+        key = (batch, mode)
+        if not shrinks and chooser.kept.get(key) in trees:  # compiled steps: the tree they were compiled for
+            s.tree = s.capacity = chooser.kept[key]
+            s.idle = not s.tree.drafts
+            s.choices.append(TreeChoice(s.tree, batch, "kept (compiled)", (), acceptance.fit()))
+            return s
+        first = s._choose(batch, "first")
+        s.tree, s._batch, s._fit_at = first.tree, batch, time.perf_counter()
+        s._plan = (batch, first.tree.drafts, chooser.seconds(s.table, kind, batch)(first.tree))
+        # A call that starts without a tree leaves the head out (no pass over the prompt: at a large batch on a CPU
+        # it costs a fifth of the call), so it stays without one; the next call chooses again.
+        s.idle = not first.tree.drafts
+        if not shrinks:  # compiled steps: sized for the tree they are compiled for, which the call keeps
+            s.capacity = chooser.kept[key] = first.tree
+            return s
+        # A call that never drafts: buffers for the root alone and a cache for the committed tokens only (one sized
+        # for trees holds more slots, and every forward attends over them all: at batch 64 on the H200 a step took
+        # 1.30 ms of GPU time against 1.20), unless an earlier call at this batch sized them for trees: a new size
+        # allocates anew and captures every step again, and calls that went with and without a tree by turns did so
+        # in every call (an H100 matrix ran greedy batch 16 at 0.71x HF static).
+        held = chooser.capacity.get((batch, kind))
+        if s.idle:
+            s.capacity = held if held is not None else TreeConfig.none()
+            return s
+        # The buffers hold every candidate tree, whatever the acceptance: every call of this batch and kind sizes
+        # them alike, so that it reuses the buffers and the graphs captured on them (a capacity that followed the
+        # fitted acceptance grew from call to call, and each new size captured every step again). Never smaller than
+        # an earlier call's (one of fewer new tokens has shallower candidates).
+        s.capacity = chooser.capacity[(batch, kind)] = _envelope([held or TreeConfig.none(), first.tree] + trees)
+        return s
+
+    def shrink_pays(self, batch: int, rows: int, remaining: int) -> bool:
+        """Under CUDA graphs, whether the call goes on at ``rows`` rows once rows finished (else at ``batch``, the
+        finished rows decoding along unread): where the runner holds the tree's graphs there, or where the steps'
+        saving over the ``remaining`` tokens per row outweighs a capture. A capture costs a small target's call far
+        more than fewer rows save (an H100 matrix at greedy batch 16 captured at 8, 4, 2 and 1 rows in each call);
+        a large target, whose step time follows its rows, still shrinks."""
+        if not self.captures or (self.kind, rows, self.tree) in self.chooser.held:
+            return True
+        per_cycle = self.acceptance.expected_lengths([self.tree])[self.tree] if self.tree.drafts else 1.0
+        saved = cycle_seconds(self.table, batch, self.tree) - cycle_seconds(self.table, rows, self.tree)
+        return saved * remaining / max(per_cycle, 1.0) > self.chooser.capture_seconds(self.kind)
+
+    def few_row_linears(self, batch: int, q: int) -> bool:
+        """Whether a forward of ``q`` tokens per row at ``batch`` rows runs with ``skinny.py``'s few-row linears
+        (``few_row_linears``)."""
+        return few_row_linears(self.table, batch, q)
+
+    def rank(self, batch: int, lengths: dict | None = None) -> list[Finalist]:
+        """The trees (within the capacity, once sized) by expected rate at ``batch``, best first."""
+        if lengths is None:
+            trees = [t for t in self.trees if (self.capacity is None or t.fits(self.capacity))
+                     and not (self.idle and t.drafts)]
+            lengths = self.acceptance.expected_lengths(trees)
+        return self.chooser.rank(lengths, self.table, self.kind, batch, self.setting)
+
+    def _charge(self, batch: int):
+        """tree -> the seconds its capture at ``batch`` would add to the call, where the runner holds no graphs of it
+        there. Not at the smaller batches the call may go on with as rows finish: it goes there only where the
+        fewer rows save more than the capture (``shrink_pays``). 0 where the steps are not captured, and where no
+        tree's graphs are held at ``batch``: every candidate captures there, the rates decide."""
+        c = self.chooser
+        if not self.captures or not any(k == self.kind and b == batch for k, b, _ in c.held):
+            return lambda tree: 0.0  # nothing held at this batch: every tree captures, its rate decides
+        cost = c.capture_seconds(self.kind)
+        return lambda tree: cost if (self.kind, batch, tree) not in c.held else 0.0
+
+    def _charged(self, batch: int, ranked: list) -> list:
+        """``ranked`` with each finalist's capture charge at ``batch`` (``_charge``) filled in."""
+        charge = self._charge(batch)
+        return [replace(f, capture_seconds=charge(f.tree)) for f in ranked]
+
+    def _seconds_left(self, remaining: int, calls: int = 1):
+        """Finalist (charged) -> the seconds ``calls`` calls of the ``remaining`` tokens per row would take with its
+        tree, its captures included (once)."""
+        return lambda f: calls * remaining * f.cycle_seconds / f.accept_length + f.capture_seconds
+
+    def _choose(self, batch: int, why: str, cycle: int = 0) -> TreeChoice:
+        """The tree that finishes the call's remaining tokens soonest at ``batch``, its capture included; the one the
+        last call chose at this batch while it is within ``_SWITCH`` of it (another tree shape is another graph to
+        capture, or to compile)."""
+        ranked = self._charged(batch, self.rank(batch))
+        key = (batch, self.kind, self.setting)
+        left = self._seconds_left(self.remaining, _AMORTIZE if why == "first" else 1)
+        best = min(ranked, key=left)  # ties: the faster rate, then the smaller tree (``ranked``'s order)
+        last = next((f for f in ranked if f.tree == self.chooser.last.get(key)), None)
+        if last is not None and left(last) <= _SWITCH * left(best):
+            best = last
+        plain = next((f for f in ranked if not f.tree.drafts), None)
+        ran = lambda drafts: (self.kind, batch, self.setting, drafts) in self.chooser.called  # noqa: E731
+        if (why == "first" and best.tree.drafts and plain is not None and ran(True) and not ran(False)
+                and best.tokens_per_second < _MEASURE_PLAIN_BELOW * plain.tokens_per_second):
+            best, why = plain, "no tree, to measure it here"  # once: its call is counted in ``called``
+        self.chooser.last[key] = best.tree
+        shown = [best] + ranked[:_FINALISTS] + [f for f in ranked if not f.tree.drafts or f.tree == self.tree]
+        choice = TreeChoice(best.tree, batch, why, tuple(dict.fromkeys(shown)), self.acceptance.fit(), cycle)
+        self.choices.append(choice)
+        logger.info("draft tree: %s", choice)
+        return choice
+
+    def next_tree(self, batch: int, stats, setup: float, remaining: int | None = None,
+                  generation=None) -> TreeConfig:
+        """Observe the cycle since the last call, then the tree for the next cycle (the same one, or a new choice
+        when the batch changed, or when the acceptance fitted again or the host's share learned since makes another
+        tree finish the ``remaining`` tokens per row ``_SWITCH`` times sooner, its capture included). ``generation``:
+        the storage's (``Storage.generation``), whose graphs the chooser mirrors. Compiled calls never switch."""
+        self._observe(stats, setup)
+        if self._setup0 is None:
+            self._setup0 = setup
+        if remaining is not None:
+            self.remaining = remaining
+        if self.captures:
+            self.chooser.sync(generation)
+        if self.mode in (None, "graphs"):  # compiled calls keep their tree
+            now = time.perf_counter()
+            why = None
+            if batch != self._batch and self.captures:  # the call keeps its tree, whose captures its choice counted
+                self._batch = batch
+            elif batch != self._batch:
+                why = "rows finished"
+            elif self._cycles >= _REFIT_CYCLES and now - self._fit_at >= _REFIT_SECONDS:
+                self._fit_at, self._cycles = now, 0
+                ranked = self._charged(batch, self.rank(batch))
+                left = self._seconds_left(self.remaining)
+                running = next(f for f in ranked if f.tree == self.tree)
+                best = min(ranked, key=left)
+                if best.tree != self.tree and left(running) > _SWITCH * left(best):
+                    why = "acceptance or costs moved"
+            if why is not None:
+                self._batch = batch
+                new = self._choose(batch, why, stats.num_target_forwards).tree
+                self._stale = not self.tree.drafts and new.drafts
+                self.tree = new
+            if self.captures:
+                self.chooser.hold(self.kind, batch, self.tree)
+        key = (batch, self.tree)  # the cycles each batch and tree ran, for the realized time (``finish``)
+        self._ran[key] = self._ran.get(key, 0) + 1
+        return self.tree
+
+    def moved(self, generation) -> None:
+        """The storage grew within the cycle (``Decoder.reserve``) to ``generation``: the graphs captured before went
+        with the old memory, and the cycle's steps are captured on the new. Told after the growth, not at the next
+        cycle: a cache that grew in a call's last cycle left the mirror holding the old memory's graphs, the next
+        call's first look cleared them, and the call after it charged every tree a capture at a batch that held its
+        graphs (an H100 matrix at greedy batch 4 and 16 then kept decoding without a tree)."""
+        if self.captures:
+            self.chooser.sync(generation)
+            self.chooser.hold(self.kind, self._batch, self.tree)
+
+    def finish(self, stats, setup: float, longest: int | None = None) -> None:
+        """After the call's last cycle: observe it, and what the whole call took against what its first choice
+        predicted for the ``longest`` row's tokens from cycles (at the acceptance the call got)."""
+        self._observe(stats, setup)
+        if self._plan is None or longest is None or self._setup0 is None:
+            return
+        batch, drafts, _ = self._plan
+        if stats.num_target_forwards < _REALIZED_MIN_CYCLES or longest < 1:
+            return
+        # A call that drafted from the start and went on without a tree once rows finished still waited for its
+        # slowest rows (this project's CPU at greedy batch 4: 93 cycles at 2.3 tokens for 128, not counted, and the
+        # next calls drafted at the straggling of 1 and lost to generate)
+        if drafts and stats.mean_accept_length > 1.0:
+            slow = stats.num_target_forwards * stats.mean_accept_length / longest
+            _note(self.chooser.straggle, (self.kind, batch, self.setting), min(max(slow, 1.0), 4.0))
+        key = (self.kind, batch, self.setting, drafts)
+        first, self.chooser.called = key not in self.chooser.called, self.chooser.called | {key}
+        # A first call of a shape on a GPU pays first-use costs beyond its captures (a tree's first call took 7x its
+        # prediction on the H200, 0.3 s beyond them), the next does not. An eager call has none to speak of: its
+        # first call counts, so that the next call weighs a tree that lost (this project's CPU, greedy batch 4: two
+        # calls drafted at 0.78x generate's rate, the first uncounted, dev/results/matrix_cpu_2026-12-06.json).
+        if (first and self.mode is not None) or stats.time_compile > 0:
+            return
+        seconds = stats.time_draft + stats.time_verify + stats.time_other
+        seconds += self.prompt_seconds if drafts else 0.0
+        # Each cycle as predicted for the batch and tree it ran (the cycles' count is the straggling's): priced all at
+        # the first choice's, a call that went on at fewer rows and cheaper cycles (a CPU's) looked faster than
+        # predicted, and the next calls drafted again where they had lost
+        ran = self._ran or {(batch, self.choices[0].tree): 1}
+        mean = sum(n * self.chooser.seconds(self.table, self.kind, b)(t) for (b, t), n in ran.items()) / sum(
+            ran.values())
+        predicted = stats.num_target_forwards * mean
+        if seconds > 0 and predicted > 0:
+            _note(self.chooser.realized, key, seconds / predicted)
+
+    def _observe(self, stats, setup: float) -> None:
+        forwards, seconds = stats.num_target_forwards, stats.time_draft + stats.time_verify + stats.time_other
+        last_forwards, last_drafts, last_counts, last_seconds, last_setup = self._last
+        counts = list(stats.accept_counts)
+        self._last = (forwards, stats.num_drafts, counts, seconds, setup)
+        if forwards != last_forwards + 1:  # nothing new (the first look), or not one cycle
+            return
+        drafts = stats.num_drafts - last_drafts
+        self._cycles += 1
+        if self._stale:  # drafted from a head that missed the cycles without a tree: not what the tree gets
+            self._stale = False
+        else:
+            self.acceptance.observe(self.tree, drafts,
+                                    [c - (last_counts[i] if i < len(last_counts) else 0) for i, c in enumerate(counts)])
+        if setup == last_setup:  # a cycle that captured or compiled a step says nothing of the steady cost
+            self._learn_overhead(seconds - last_seconds)
+        elif self.captures and setup > last_setup:  # ... but says what a capture costs
+            _note(self.chooser.captures, self.kind, setup - last_setup, 15)
+
+    def _learn_overhead(self, cycle: float) -> None:
+        """The host's share of a cycle: what recent cycles took beyond the probed steps (their median: a cycle that
+        a busy machine delayed says nothing of the next)."""
+        key = (self.kind, self._batch, self.tree.drafts)
+        steps = self._steps.get((self._batch, self.tree))
+        if steps is None:  # read from the table once per batch and tree: the host's work per cycle stays small
+            steps = self._steps[(self._batch, self.tree)] = cycle_seconds(self.table, self._batch, self.tree)
+        recent = _note(self.chooser.residuals, key, cycle - steps, 15)
+        self.chooser.overhead[key] = max(0.0, statistics.median(recent))
+
+
+def _note(recent: dict, key, value: float, keep: int = _REALIZED_CALLS) -> collections.deque:
+    """Append ``value`` to ``recent[key]``, the last ``keep`` values seen there; returns them."""
+    seen = recent.setdefault(key, collections.deque(maxlen=keep))
+    seen.append(value)
+    return seen
+
+
+def few_row_linears(table: dict, batch: int, q: int) -> bool:
+    """Whether a forward of ``q`` tokens per row at ``batch`` rows runs with ``skinny.py``'s few-row linears: as the
+    probe measured faster at the nearest batch at or below (``CycleCosts.few_row_linears``); ``table``: {batch:
+    CycleCosts} of the call's decoding kind (``Chooser.table``)."""
+    sizes = sorted(table)
+    return table[max((b for b in sizes if b <= batch), default=sizes[0])].few_row_linears(q)
+
+
+def _envelope(trees) -> TreeConfig:
+    """The smallest tree shape every one of ``trees`` fits in."""
+    drafting = [t for t in trees if t.drafts]
+    if not drafting:
+        return TreeConfig.none()
+    d, k = max(t.depth for t in drafting), max(t.top_k for t in drafting)
+    n = max(t.total_tokens for t in drafting)
+    return TreeConfig(d, k, d if k == 1 else n)
