@@ -206,8 +206,8 @@ class Chooser:
                        for (k, b, d), v in self.overhead.items() if k == kind and d == drafts]
             return min(learned)[2] if learned else None
         learned = {True: extra(True), False: extra(False)}
-        borrow = self.device.type == "cuda"
-        extras = {d: learned[d] if learned[d] is not None else ((borrow or d) and learned[not d]) or 0.0
+        borrows = {True: True, False: self.device.type == "cuda"}  # whether a cycle takes the other sort's share
+        extras = {d: learned[d] if learned[d] is not None else (borrows[d] and learned[not d]) or 0.0
                   for d in (True, False)}
         return lambda tree: cycle_seconds(table, batch, tree) + extras[tree.drafts]
 

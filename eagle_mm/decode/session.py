@@ -88,7 +88,7 @@ class Session:
     prompt_seconds: float = 0.0  # the head's pass over the prompt (the loop times it): a cost of drafting
     _plan: tuple | None = None  # the first choice: (batch, drafts, its cycle's seconds as the probe and host predict)
     _setup0: float | None = None  # the decoder's setup seconds at the first cycle
-    _ran: dict = field(default_factory=dict)  # (batch, tree) -> the call's cycles that ran it (the realized ratio's)
+    _ran: collections.Counter = field(default_factory=collections.Counter)  # (batch, tree) -> the cycles that ran it
 
     @classmethod
     def start(cls, chooser: Chooser, *, model, head, cap, batch: int, gen, sampler, mode, max_depth: int,
@@ -243,8 +243,7 @@ class Session:
                 self.tree = new
             if self.captures:
                 self.chooser.hold(self.kind, batch, self.tree)
-        key = (batch, self.tree)  # the cycles each batch and tree ran, for the realized time (``finish``)
-        self._ran[key] = self._ran.get(key, 0) + 1
+        self._ran[(batch, self.tree)] += 1  # the cycles each batch and tree ran, for the realized time (``finish``)
         return self.tree
 
     def moved(self, generation) -> None:
