@@ -168,6 +168,15 @@ def per_cycle(stats) -> dict:
             "other_ms": 1e3 * stats.time_other / n, "cycle_ms": 1e3 * loop / n, "prefill_ms": 1e3 * stats.time_prefill}
 
 
+def device_per_cycle(stats) -> dict:
+    """A profiled call's (``profile=True``) device time per cycle by phase, in ms, and the host's: the cycles' wall
+    time less the phases' spans."""
+    n = max(stats.num_target_forwards, 1)
+    phases = {f"device_{k}_ms": 1e3 * v / n for k, v in stats.device_time.items()}
+    cycles = stats.time_draft + stats.time_verify + stats.time_other
+    return {**phases, "device_host_ms": 1e3 * (cycles - sum(stats.device_time.values())) / n}
+
+
 def profile_decode(decode, device, path: str) -> None:
     """One decode under torch.profiler; the top-40 ops by self CUDA time and by CPU time, written to ``path``."""
     from torch.profiler import ProfilerActivity, profile
@@ -198,9 +207,10 @@ def run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results, in
     options = {"ours_default": {}, "ours_compiled": dict(compile=compile_mode(args, device)),
                "ours_eager": dict(cache_implementation="dynamic")}[mode]
 
-    def decode():
+    def decode(profile=False):
         return eagle_mm.speculative_generate(target, forced, ids, max_new_tokens=args.new_tokens, do_sample=False,
-                                             tree=tree, return_dict_in_generate=True, **(inputs or {}), **options)
+                                             tree=tree, return_dict_in_generate=True, profile=profile,
+                                             **(inputs or {}), **options)
 
     forced.set_accept(1)  # every proposal wrong: plain greedy decoding through our verify; compiles
     log(f"{mode}: reference decode (all proposals wrong){' + torch.compile warm-up' if static else ''}")
@@ -226,7 +236,8 @@ def run_ours(mode, target, forced, ids, args, tree, device, gen_ref, results, in
                      "matches_generate": torch.equal(out.sequences.cpu(), gen_ref.cpu()),
                      "first_diff_vs_generate": first_diff(out.sequences, gen_ref, ids.shape[1]),
                      "compiled": options.get("compile") or False, "static_cache": True,
-                     **per_cycle(out.stats), "cudagraph_skips": cudagraph_skips() - skips})
+                     **per_cycle(out.stats), "cudagraph_skips": cudagraph_skips() - skips,
+                     **device_per_cycle(decode(profile=True).stats)})
     if args.profile:
         if args.out is None:
             log(f"{mode}: --profile needs --out (the profile is written beside it); skipped")
@@ -346,6 +357,14 @@ def summarize(rows) -> None:
         for r in cycles:
             print(f"| {r['mode']} | {r['accept']} | {r['cycle_ms']:.2f} | {r['draft_ms']:.2f} | "
                   f"{r['verify_ms']:.2f} | {r['other_ms']:.2f} | {r['cudagraph_skips']} |")
+        floor = f"{1e3 / ceiling:.2f}" if ceiling else "-"
+        print(f"\nDevice ms per cycle by phase (a call with profile=True; CUDA events), against the floor of one "
+              f"weight read ({floor} ms)")
+        print("| mode | forced accept | draft | verify | accept | update | host (the rest) |")
+        print("|---|---|---|---|---|---|---|")
+        for r in cycles:
+            print(f"| {r['mode']} | {r['accept']} | " + " | ".join(
+                f"{r[f'device_{k}_ms']:.2f}" for k in ("draft", "verify", "accept", "update", "host")) + " |")
 
 
 if __name__ == "__main__":

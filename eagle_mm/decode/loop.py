@@ -38,7 +38,7 @@ from .options import call_streamer, check_attention, check_cache_room, check_gen
     check_prompt, choose_mode, resolve_tree, split_model_inputs, stop_strings_to_criteria
 from .processors import process_tree_logits, reads_input_ids
 from .skinny import for_rows, skinny_linears
-from .state import DecodeState, SpeculativeStats
+from .state import DecodeState, PhaseClock, SpeculativeStats
 from .runner import step_mode
 from .sampling import draft_noise, walk_noise
 from .stopping import Stops, block_stops, first_stop
@@ -52,7 +52,8 @@ __all__ = ["speculative_generate", "custom_generate"]
 
 def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | dict | str | None = None,
                          generator: torch.Generator | None = None, autotree_inputs=None,
-                         cache_implementation: str | None = None, compile: bool | str | None = None, **kwargs):
+                         cache_implementation: str | None = None, compile: bool | str | None = None,
+                         profile: bool = False, **kwargs):
     """Drop-in for ``model.generate(inputs, **kwargs)`` with EAGLE tree speculation.
 
     Greedy output is token-identical to ``generate``; sampling keeps the target's distribution exactly.
@@ -73,7 +74,11 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | dict | 
     False runs the steps eagerly, as ``cache_implementation="dynamic"`` does ("static": the default). Steps that
     cannot be captured (a target split over devices, subclassed warpers) run eagerly, with one logged line naming
     the reason. ``stats.time_compile`` holds what the call spent compiling or capturing.
+    ``profile``: True times each phase of the cycles (draft, verify, accept, update) on the device, with CUDA events
+    on CUDA, into ``stats.device_time`` (seconds per phase; the host's share is the cycles' time less their sum).
     """
+    if not isinstance(profile, bool):
+        raise TypeError(f"profile must be True or False, got {profile!r}")
     if "custom_generate" in kwargs:
         raise ValueError("speculative_generate sets custom_generate itself; do not pass it")
     if kwargs.get("assistant_model") is not None:  # generate() would not pass it on: refused here, by name
@@ -95,17 +100,19 @@ def speculative_generate(model, head, inputs=None, *, tree: TreeConfig | dict | 
     choose_mode(cache_implementation, compile)
     return model.generate(inputs, custom_generate=custom_generate, head=head, tree=tree, generator=generator,
                           eagle_streamer=streamer, autotree_inputs=autotree_inputs,
-                          eagle_cache_implementation=cache_implementation, eagle_compile=compile, **kwargs)
+                          eagle_cache_implementation=cache_implementation, eagle_compile=compile,
+                          eagle_profile=profile, **kwargs)
 
 
 def custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
                     streamer=None, head=None, tree=None, generator=None, eagle_streamer=None, autotree_inputs=None,
-                    eagle_cache_implementation=None, eagle_compile=None, **model_kwargs):
+                    eagle_cache_implementation=None, eagle_compile=None, eagle_profile=False, **model_kwargs):
     """The speculative loop in the signature of transformers' ``custom_generate`` callables.
 
     ``model.generate(..., custom_generate=eagle_mm.custom_generate, head=head)`` runs it, ``streamer=`` included
     (transformers does not pass it to such callables; ``hf.streamer`` reads it from ``generate``), and chooses
-    how the steps run with ``eagle_cache_implementation=`` / ``eagle_compile=`` (see ``speculative_generate``).
+    how the steps run with ``eagle_cache_implementation=`` / ``eagle_compile=`` and times the phases with
+    ``eagle_profile=`` (see ``speculative_generate``).
     """
     streamer = call_streamer(model, eagle_streamer, input_ids)
     check_head(head)
@@ -159,7 +166,8 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         stats = SpeculativeStats(accept_counts=[0] * capacity.depth, tree=tree, mode=mode)
         call = _Call(model, head, dec, cap, gen, logits_processor, reads_input_ids(logits_processor),
                      Stops.of(stopping_criteria), streamer, generator, stats, parts, parts.position_limit, linears,
-                     pad_token_id(gen), session, new, few_rows)
+                     pad_token_id(gen), session, new, few_rows,
+                     PhaseClock(input_ids.device) if eagle_profile else None)
         setup0 = dec.setup
         dec.begin(tree, mode, B, input_ids.shape[1], max_length, sampler, capacity=capacity)
         state = _prefill(call, input_ids, mask, position_ids, images)
@@ -167,6 +175,8 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         while not all(state.finished):
             _cycle(call, state)
         stats.time_compile = dec.setup - setup0
+        if call.clock is not None:
+            stats.device_time = call.clock.totals()
         if session is not None:
             session.finish(stats, dec.setup, max(len(g) for g in state.generated) - 1)
             stats.choices = session.choices
@@ -200,6 +210,7 @@ class _Call:
     session: Session | None  # the chooser's, when the call was given no tree: it picks the tree before each cycle
     new: int  # new tokens per row the call decodes at most
     few_rows: object  # (batch, q) -> whether a forward of q tokens per row takes the few-row linears (``_linears``)
+    clock: PhaseClock | None  # profile=True: the phases' device time
 
 
 def _prompt_forward(call: _Call, input_ids, slot_pos, position_ids, images):
@@ -291,7 +302,7 @@ def _draft(call: _Call) -> None:
 def _cycle(call: _Call, state: DecodeState) -> None:
     """One cycle, top to bottom: drop finished rows, choose the tree, draft, verify, the processors, accept, update,
     read, commit."""
-    dec, stats = call.dec, call.stats
+    dec, stats, clock = call.dec, call.stats, call.clock
     run, store = dec.runner, dec.storage
     ts = time.perf_counter()
     if state.shrink:  # rows finished: the storage goes on with the others (compiled runs keep their batch)
@@ -307,14 +318,20 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     if call.limit is not None:
         check_cache_room(call.parts, store.cur, t)
     t0 = time.perf_counter()
+    if clock is not None:
+        clock.begin()
     if not state.drafted:  # else the previous cycle launched this cycle's draft ahead
         _draft(call)
+        if clock is not None and t.drafts:  # without a tree the root's copy is the verify's input: its span
+            clock.mark("draft")
     t1 = time.perf_counter()
     buf = store.buf  # the tree (B, Q) is in the buffers
     positions = buf.q_pos if state.rope_offsets is None else verify_positions(buf.q_pos, state.rope_offsets)
     write = torch.arange(store.cur, store.cur + Q, device=buf.q_pos.device)  # the tree's slots
     with _linears(call, store.batch, Q):
         logits, feats = run.verify(call.model, store.in_use(store.cur + Q), buf, call.cap, write, positions, t.depth)
+    if clock is not None:
+        clock.mark("verify")
     if dec.sampler is not None and not call.reads_ids:  # input-free warpers: one step with the acceptance
         walk_noise(buf.u, buf.e, dec.generator)  # outside the step, like the draft's
         accept_len, path, bonus, scores = run.accept(buf, logits, dec.sampler, t.depth)  # (B,), (B, D+1), (B, 1)
@@ -325,6 +342,8 @@ def _cycle(call: _Call, state: DecodeState) -> None:
         accept_len, path, bonus = accept(tree, scores, buf.q_nodes, t.depth, call.generator)
     # output_logits / output_scores: copied out before the next verify reuses the logits' memory
     kept = _kept_rows(state, path, logits, scores) if state.logits is not None or state.scores is not None else None
+    if clock is not None:
+        clock.mark("accept")
     t2 = time.perf_counter()
     # Keep the path, extend the head and set the next root on the device, then start the cycle's one host read of
     # the accept lengths and new tokens.
@@ -334,10 +353,14 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     else:  # no tree: the root's slot kept, the next root set, the head left as it is (no linear: no mode)
         packed = run.advance(store.target, buf, bonus)  # (B, 2)
     host = store.read(packed)
+    if clock is not None:
+        clock.mark("update")
     t3 = time.perf_counter()
     state.drafted = dec.overlaps  # CUDA: the next draft runs on the device while the host commits
     if state.drafted:
         _draft(call)
+        if clock is not None and dec.tree.drafts:
+            clock.mark("draft")
     t4 = time.perf_counter()
     if state.drafted:
         store.wait()  # for the copy only, not for the draft queued after it

@@ -1,6 +1,7 @@
 """The decode loop's per-call state, and what speculative_generate returns with ``return_dict_in_generate=True``."""
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -9,7 +10,9 @@ from transformers.generation import GenerateDecoderOnlyOutput
 from ..config import TreeConfig
 from .processors import CallRows, needs_call_batch, reads_input_ids, reads_tokens
 
-__all__ = ["DecodeState", "SpeculativeOutput", "SpeculativeStats"]
+__all__ = ["DecodeState", "PhaseClock", "SpeculativeOutput", "SpeculativeStats", "PHASES"]
+
+PHASES = ("draft", "verify", "accept", "update")  # the cycle's phases ``profile=True`` times on the device
 
 
 @dataclass
@@ -96,6 +99,11 @@ class SpeculativeStats:
     # The chooser's decisions (``chooser.TreeChoice``: the tree, the batch, why, the finalists' expected rates), the
     # first at the start and one whenever it picked again; empty when the call was given a tree.
     choices: list = field(default_factory=list)
+    # With ``profile=True``: seconds per phase (``PHASES``) on the device's stream over the call's cycles, each from the
+    # event recorded before its first launch to the one after its last (CUDA events; on a CPU the host's clock, the
+    # steps running as they are called). A span includes what the device waited for the host's launches inside it;
+    # the host's share of the cycles is their wall time less the spans. None without ``profile``.
+    device_time: dict | None = None
     engine: str = "fixed"  # the storage: always the engine's fixed buffers (the one storage)
     mode: str | None = None  # how the steps ran: None eagerly, "graphs" (CUDA graphs), or a torch.compile mode
 
@@ -135,11 +143,45 @@ class SpeculativeStats:
             "time_other": self.time_other,
             "time_prefill": self.time_prefill,
             "time_compile": self.time_compile,
+            "device_time": self.device_time,
             "engine": self.engine,
             "mode": self.mode,
             "tree": asdict(self.tree) if self.tree is not None else None,
             "choices": [c.as_dict() for c in self.choices],
         }
+
+
+class PhaseClock:
+    """``profile=True``'s timer: ``begin()`` before a cycle's first launch, ``mark(phase)`` after each phase's last;
+    ``totals()`` at the call's end sums the spans per phase. On CUDA the marks are events on the current stream (no
+    host wait until ``totals``); on a CPU, host times."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._spans: list = []  # (phase or None for a begin, event or host seconds)
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def begin(self) -> None:
+        self._spans.append((None, self._now()))
+
+    def mark(self, phase: str) -> None:
+        self._spans.append((phase, self._now()))
+
+    def totals(self) -> dict:
+        """Seconds per phase (every phase of ``PHASES``, 0.0 where none ran)."""
+        out = dict.fromkeys(PHASES, 0.0)
+        if self.cuda and self._spans:
+            self._spans[-1][1].synchronize()
+        for (_, a), (phase, b) in zip(self._spans, self._spans[1:]):
+            if phase is not None:  # a begin ends nothing: the gap before it is the host's
+                out[phase] += a.elapsed_time(b) / 1e3 if self.cuda else b - a
+        return out
 
 
 @dataclass
