@@ -33,3 +33,5 @@ PYTHONPATH=$R timeout ${B8_T:-80} $G python bench/bench_8b.py --accept 4 --modes
 log "end 8b rc=$?"
 wait $CPU 2>/dev/null
 log "all done"
+# One archive: the device brings back a limited count of files (ab13 lost its traced log and matrix to it).
+tar -czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && rm -rf "$OUT"

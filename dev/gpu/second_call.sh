@@ -15,3 +15,4 @@ PYTHONPATH=$R timeout ${EAGER_T:-130} $G python dev/gpu/crash_probe.py --eager-p
   --methods hf_static ours --out "$OUT/eager_prefill.json" > "$OUT/eager_prefill.log" 2>&1
 log "end eager_prefill rc=$?"
 log "all done"
+tar -czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && rm -rf "$OUT"
