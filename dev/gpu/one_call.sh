@@ -14,7 +14,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu
 log "start cold"
 PYTHONPATH=$R timeout 40 $G python dev/gpu/cold_profile.py > "$OUT/cold_greedy.log" 2>&1
 log "end cold rc=$?"
-[ "${NOCPU:-0}" = 1 ] || cpu_rows "${CPUROWS:-greedy1 sampled1 greedy4}" &
+# On the host CPU first: the plain step against generate, profiled (ab13's host ran it at 1.6x generate's time).
+[ "${NOCPU:-0}" = 1 ] || (env CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 PYTHONPATH=$R taskset -c 0,1 timeout 120 \
+  python dev/probes/plain_step_cpu.py --batch 1 > "$OUT/plain_step_cpu.log" 2>&1;
+  cpu_rows "${CPUROWS:-greedy1 sampled1 greedy4}") &
 CPU=$!
 log "start traced_checked"
 PYTHONPATH=$R timeout ${TRACED_T:-150} $G python dev/gpu/crash_probe.py --trace --check -- --repeats 3 \
