@@ -157,14 +157,14 @@ class PhaseClock:
     host wait until ``totals``); on a CPU, host times."""
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        self.device, self.cuda = device, device.type == "cuda"
         self._spans: list = []  # (phase or None for a begin, event or host seconds)
 
     def _now(self):
         if not self.cuda:
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))  # the decoder's GPU, whichever is current
         return event
 
     def begin(self) -> None:
