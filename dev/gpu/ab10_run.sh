@@ -7,7 +7,6 @@ set -u
 OUT=${1:?usage: ab10_run.sh OUTDIR}
 OUT=$(realpath -m "$OUT")
 source "$(dirname "$0")/prelude.sh"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 [ "${NOCPU:-0}" = 1 ] || cpu_rows "${CPUROWS:-greedy1 sampled1 greedy4 sampled4 greedy16 sampled16}" &
 CPU=$!
 log "start interleaved"

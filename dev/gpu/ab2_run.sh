@@ -9,7 +9,6 @@ set -u
 OUT=${1:?usage: ab2_run.sh OUTDIR}
 OUT=$(realpath -m "$OUT")
 source "$(dirname "$0")/prelude.sh"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 [ "${NOCPU:-0}" = 1 ] || ( for r in ${CPUROWS:-greedy1 sampled1 greedy4 sampled4 greedy16 sampled16 greedy64 sampled32}; do
     [ "$(date +%s)" -gt "${CPU_DEADLINE:-0}" ] && break
     CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 PYTHONPATH=$R taskset -c 0,1 timeout 150 python bench/bench_matrix.py \

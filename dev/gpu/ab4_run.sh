@@ -10,7 +10,6 @@ set -u
 OUT=${1:?usage: ab4_run.sh OUTDIR}
 OUT=$(realpath -m "$OUT")
 source "$(dirname "$0")/prelude.sh"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 C="env CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 PYTHONPATH=$R taskset -c 0,1"
 [ "${NOCPU:-0}" = 1 ] || (
   $C timeout 200 python dev/probes/cpu_steps.py --out "$OUT/cpu_steps" > "$OUT/cpu_steps.log" 2>&1

@@ -7,7 +7,6 @@ set -u
 OUT=${1:?usage: crash_loop.sh OUTDIR}
 OUT=$(realpath -m "$OUT")
 source "$(dirname "$0")/prelude.sh"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 i=0
 while [ $(( $(date +%s) + 160 )) -lt "${DEADLINE:-0}" ]; do
   i=$((i + 1))
@@ -19,4 +18,4 @@ while [ $(( $(date +%s) + 160 )) -lt "${DEADLINE:-0}" ]; do
   [ $rc != 0 ] && [ $rc != 124 ] && break  # a fault: its log holds the last prefill lookups and any moved address
 done
 log "all done"
-tar -czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && rm -rf "$OUT"
+archive

@@ -10,7 +10,6 @@ set -u
 OUT=${1:?usage: one_call.sh OUTDIR}
 OUT=$(realpath -m "$OUT")
 source "$(dirname "$0")/prelude.sh"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 log "start cold"
 PYTHONPATH=$R timeout 40 $G python dev/gpu/cold_profile.py > "$OUT/cold_greedy.log" 2>&1
 log "end cold rc=$?"
@@ -36,5 +35,4 @@ PYTHONPATH=$R timeout ${B8_T:-80} $G python bench/bench_8b.py --accept 4 --modes
 log "end 8b rc=$?"
 wait $CPU 2>/dev/null
 log "all done"
-# One archive: the device brings back a limited count of files (ab13 lost its traced log and matrix to it).
-tar -czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && rm -rf "$OUT"
+archive  # the device brings back a limited count of files (ab13 lost its traced log and matrix to it)

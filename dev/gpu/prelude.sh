@@ -1,11 +1,13 @@
-# Sourced by the A/B run scripts (ab_run.sh, ab2_run.sh, ab4_run.sh) after `set -u`, with OUT set: makes OUT,
-# goes to the repository root (R), and defines log (OUT/steps.log) and G (the GPU work's cores, 2-15; the CPU work
-# beside it takes 0-1).
+# Sourced by the run scripts of dev/gpu/ after `set -u`, with OUT set: makes OUT, writes the GPU's name to
+# OUT/gpu.txt, goes to the repository root (R), and defines log (OUT/steps.log), archive (OUT into OUT.tgz, the one
+# file the device brings back) and G (the GPU work's cores, 2-15; the CPU work beside it takes 0-1).
 mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 R=$PWD
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 log() { echo "$(date -u +%T) $*" | tee -a "$OUT/steps.log"; }
+archive() { tar -czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && rm -rf "$OUT"; }
 G="taskset -c 2-15"
 # CPU matrix rows beside the GPU work: each row of $1 in a process of its own on cores 0-1, until CPU_DEADLINE (epoch
 # s), into OUT/cpu_ROW.json and OUT/cpu.log. Run it in the background: `cpu_rows "greedy1 sampled1" &`.

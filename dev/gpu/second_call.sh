@@ -7,7 +7,6 @@ set -u
 OUT=${1:?usage: second_call.sh OUTDIR}
 OUT=$(realpath -m "$OUT")
 source "$(dirname "$0")/prelude.sh"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 ab_8b ${B8_T:-100}
 cuda_tests
 log "start eager_prefill"
@@ -15,4 +14,4 @@ PYTHONPATH=$R timeout ${EAGER_T:-130} $G python dev/gpu/crash_probe.py --eager-p
   --methods hf_static ours --out "$OUT/eager_prefill.json" > "$OUT/eager_prefill.log" 2>&1
 log "end eager_prefill rc=$?"
 log "all done"
-tar -czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && rm -rf "$OUT"
+archive

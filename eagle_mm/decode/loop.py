@@ -297,6 +297,8 @@ def _draft(call: _Call) -> None:
     if dec.sampler is not None:
         draft_noise(buf.noise, dec.generator)  # outside the step: a user's torch.Generator cannot be captured
     dec.runner.draft(call.head, buf, dec.sampler, t.top_k, t.depth, t.total_tokens)
+    if call.clock is not None:  # profile=True (without a tree the root's copy above is the verify's input: its span)
+        call.clock.mark("draft")
 
 
 def _cycle(call: _Call, state: DecodeState) -> None:
@@ -322,8 +324,6 @@ def _cycle(call: _Call, state: DecodeState) -> None:
         clock.begin()
     if not state.drafted:  # else the previous cycle launched this cycle's draft ahead
         _draft(call)
-        if clock is not None and t.drafts:  # without a tree the root's copy is the verify's input: its span
-            clock.mark("draft")
     t1 = time.perf_counter()
     buf = store.buf  # the tree (B, Q) is in the buffers
     positions = buf.q_pos if state.rope_offsets is None else verify_positions(buf.q_pos, state.rope_offsets)
@@ -359,8 +359,6 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     state.drafted = dec.overlaps  # CUDA: the next draft runs on the device while the host commits
     if state.drafted:
         _draft(call)
-        if clock is not None and dec.tree.drafts:
-            clock.mark("draft")
     t4 = time.perf_counter()
     if state.drafted:
         store.wait()  # for the copy only, not for the draft queued after it

@@ -157,11 +157,11 @@ class PhaseClock:
     host wait until ``totals``); on a CPU, host times."""
 
     def __init__(self, device: torch.device):
-        self.device, self.cuda = device, device.type == "cuda"
+        self.device = device
         self._spans: list = []  # (phase or None for a begin, event or host seconds)
 
     def _now(self):
-        if not self.cuda:
+        if self.device.type != "cuda":
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
         event.record(torch.cuda.current_stream(self.device))  # the decoder's GPU, whichever is current
@@ -176,11 +176,12 @@ class PhaseClock:
     def totals(self) -> dict:
         """Seconds per phase (every phase of ``PHASES``, 0.0 where none ran)."""
         out = dict.fromkeys(PHASES, 0.0)
-        if self.cuda and self._spans:
+        cuda = self.device.type == "cuda"
+        if cuda and self._spans:
             self._spans[-1][1].synchronize()
         for (_, a), (phase, b) in zip(self._spans, self._spans[1:]):
             if phase is not None:  # a begin ends nothing: the gap before it is the host's
-                out[phase] += a.elapsed_time(b) / 1e3 if self.cuda else b - a
+                out[phase] += a.elapsed_time(b) / 1e3 if cuda else b - a
         return out
 
 
