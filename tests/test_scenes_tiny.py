@@ -83,9 +83,9 @@ def test_image_embeds_round_trips_and_official_layouts_stay_as_they_were():
 
 
 def _spy_head_entries(monkeypatch, arg: str) -> list:
-    """Record the ``arg`` ("hidden" or "embeds") of every call of the decode loop's head_entries (the prefill's), in
+    """Record the ``arg`` ("hidden" or "embeds") of every call of the prefill's head_entries, in
     order."""
-    import eagle_mm.decode.loop as gen
+    import eagle_mm.decode.prefill as gen
 
     seen, real = [], gen.head_entries
 

@@ -20,7 +20,7 @@ import torch
 
 import eagle_mm.decode.decoder as decoder
 import eagle_mm.decode.graphs as graphs
-import eagle_mm.decode.loop as loop
+import eagle_mm.decode.prefill as prefill
 import eagle_mm.decode.runner as runner
 
 log = logging.getLogger("crash_probe")
@@ -119,7 +119,7 @@ if __name__ == "__main__":
 
         def step_mode(step, mode):
             return None if step == "prefill" and mode == "graphs" else plain(step, mode)
-        runner.step_mode = loop.step_mode = step_mode
+        runner.step_mode = prefill.step_mode = step_mode
     if "--check" in args:
         _check()
     if "--trace" in args:

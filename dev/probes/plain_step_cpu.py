@@ -28,6 +28,11 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--top", type=int, default=14)
+    p.add_argument("--ops", action="store_true", help="also torch.profiler's operator table of each (self CPU time)")
+    p.add_argument("--after-default", action="store_true",
+                   help="first one default call (it probes this CPU's step costs and keeps them on disk, which a "
+                        "given tree then reads: whether its forwards take skinny.py's few-row linears); also time "
+                        "the default call and print the probe's few-row verdicts")
     args = p.parse_args()
     m = zoo.load("code-tiny", device="cpu")
     model, head, tok = m.target, m.eagle3_head, m.tokenizer
@@ -37,6 +42,16 @@ def main() -> None:
     common = dict(**enc, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
     calls = {"generate": lambda: model.generate(**common),
              "plain step": lambda: eagle_mm.speculative_generate(model, head, **common, tree=eagle_mm.TreeConfig.none())}
+    if args.after_default:
+        from eagle_mm.decode.cost_cache import decode_kind
+
+        out = eagle_mm.speculative_generate(model, head, **common, return_dict_in_generate=True)
+        table = eagle_mm.decoder(model, head).chooser.table(decode_kind(None, False, torch.device("cpu")))
+        for b, costs in sorted(table.items()):
+            print(f"probe at batch {b}: verify {[(q, round(1e3 * t, 2)) for q, t in costs.verify]} ms, few-row "
+                  f"linears at q = {list(costs.skinny)}, advance {1e3 * costs.advance:.2f} ms")
+        print(f"default call: trees {[c.tree for c in out.stats.choices]}")
+        calls["default call"] = lambda: eagle_mm.speculative_generate(model, head, **common)
     for f in calls.values():
         f()
     times = {k: [] for k in calls}
@@ -48,7 +63,7 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"threads {torch.get_num_threads()}, torch {torch.__version__}, batch {args.batch}: "
           + ", ".join(f"{k} {v:.3f} s" for k, v in med.items())
-          + f"; plain step / generate {med['plain step'] / med['generate']:.2f}")
+          + "; / generate: " + ", ".join(f"{k} {v / med['generate']:.2f}" for k, v in med.items() if k != "generate"))
     for k, f in calls.items():
         prof = cProfile.Profile()
         prof.enable()
@@ -59,6 +74,13 @@ def main() -> None:
             own[name] = own.get(name, 0.0) + tt
         top = sorted(own.items(), key=lambda x: -x[1])[: args.top]
         print(f"{k}: {sum(own.values()):.3f} s profiled; own time: " + ", ".join(f"{n} {t:.3f}" for n, t in top))
+    if args.ops:  # the same work seen by operator: which aten calls differ between the two (and by how much)
+        print(torch.__config__.parallel_info())
+        for k, f in calls.items():
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                f()
+            print(f"{k}, operators by self CPU time:")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top + 6))
 
 
 if __name__ == "__main__":

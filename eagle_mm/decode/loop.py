@@ -16,16 +16,13 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
 from functools import cache, partial
 
 import torch
 
 from ..config import TreeConfig, bound_tree
 from ..hf.generation import pad_token_id
-from ..hf.multimodal import PREFILL_INPUTS, check_images, hide_image_features, image_prompt, rope_offsets, \
-    verify_positions
-from ..hf.features import FeatureCapture
+from ..hf.multimodal import PREFILL_INPUTS, check_images, image_prompt, verify_positions
 from ..hf.parts import resolve_target
 from .accept import accept
 from .autotree import calibrate_acceptance
@@ -33,16 +30,16 @@ from .chooser import MAX_TOP_K, setting_of
 from .session import Session, few_row_linears
 from .cost_cache import decode_kind
 from .decoder import Decoder, decoder
-from .draft import DraftSampler, head_entries
+from .draft import DraftSampler
 from .options import call_streamer, check_attention, check_cache_room, check_generation_config, check_head, \
     check_prompt, choose_mode, resolve_tree, split_model_inputs, stop_strings_to_criteria
 from .processors import process_tree_logits, reads_input_ids
 from .skinny import for_rows, skinny_linears
-from .state import DecodeState, PhaseClock, SpeculativeStats
-from .runner import step_mode
+from .prefill import prefill
+from .state import Call, DecodeState, PhaseClock, SpeculativeStats
 from .sampling import draft_noise, walk_noise
 from .stopping import Stops, block_stops, first_stop
-from .storage import plan, prefill_length
+from .storage import plan
 from .tree import Tree
 
 logger = logging.getLogger(__name__)
@@ -164,13 +161,14 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         capacity = session.capacity if session is not None else tree  # the largest tree the call may switch to
         check_cache_room(parts, max_length - 1, capacity)  # the last verify is over at most max_length - 2 slots
         stats = SpeculativeStats(accept_counts=[0] * capacity.depth, tree=tree, mode=mode)
-        call = _Call(model, head, dec, cap, gen, logits_processor, reads_input_ids(logits_processor),
+        call = Call(model, head, dec, cap, gen, logits_processor, reads_input_ids(logits_processor),
                      Stops.of(stopping_criteria), streamer, generator, stats, parts, parts.position_limit, linears,
                      pad_token_id(gen), session, new, few_rows,
                      PhaseClock(input_ids.device) if eagle_profile else None)
         setup0 = dec.setup
         dec.begin(tree, mode, B, input_ids.shape[1], max_length, sampler, capacity=capacity)
-        state = _prefill(call, input_ids, mask, position_ids, images)
+        state = prefill(call, input_ids, mask, position_ids, images)
+        _commit(call, state, [[t] for t in state.first.tolist()])
         stats.time_prefill += time.perf_counter() - t0
         while not all(state.finished):
             _cycle(call, state)
@@ -185,108 +183,7 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
     return state.output(input_ids, call.pad, stats if gen.return_dict_in_generate else None)
 
 
-@dataclass
-class _Call:
-    """What the prefill and every cycle of one call read."""
-
-    model: object
-    head: object
-    dec: Decoder
-    cap: FeatureCapture  # the decoder's, entered for the call
-    gen: object  # generate()'s generation config
-    processors: object  # generate()'s logits processors
-    reads_ids: bool  # a processor reads the sequence so far (processors.reads_input_ids)
-    stops: Stops
-    streamer: object
-    generator: torch.Generator | None
-    stats: SpeculativeStats
-    parts: object  # the target's TargetParts
-    limit: int | None  # the target's position limit (TargetParts.position_limit)
-    # The context the verify and the update run in (``skinny_linears`` on a CPU, or none): their forwards take Q and
-    # D+1 rows; every torch call costs a few microseconds more there, so the draft (on a CPU mostly one row per
-    # level) and the host's bookkeeping run outside it.
-    linears: object
-    pad: int  # the token generate() writes after a finished row
-    session: Session | None  # the chooser's, when the call was given no tree: it picks the tree before each cycle
-    new: int  # new tokens per row the call decodes at most
-    few_rows: object  # (batch, q) -> whether a forward of q tokens per row takes the few-row linears (``_linears``)
-    clock: PhaseClock | None  # profile=True: the phases' device time
-
-
-def _prompt_forward(call: _Call, input_ids, slot_pos, position_ids, images):
-    """The prompt's forward into slots [0, T'). Returns (logits (B, V) after the last token, features (B, T', F),
-    input ids (B, T'), slot positions (B, T')); T' = ``prefill_length(T)`` for text prompts whose prefill is
-    captured (left-padded with empty slots), else T (eager; a vision-language prompt: run by the model's own forward,
-    with its images, token types and M-RoPE positions)."""
-    store = call.dec.storage
-    if images is not None:  # the vision tower, the merged embeddings, its image masks: the model's own forward
-        model_pos = images.positions if images.positions is not None else position_ids
-        out = call.model(input_ids=input_ids, attention_mask=(slot_pos >= 0).long(), position_ids=model_pos,
-                         **images.inputs, **{store.kwarg: store.cache}, use_cache=True, logits_to_keep=1)
-        store.positions(slot_pos)
-        return out.logits[:, -1], call.cap.features(), input_ids, slot_pos
-    B, T = input_ids.shape
-    # Bucketing pads a prompt so that nearby lengths replay one captured prefill: eagerly, padding only costs.
-    pad = prefill_length(T) - T if step_mode("prefill", call.dec.runner.mode) == "graphs" else 0
-    if pad:
-        input_ids = torch.cat((input_ids.new_zeros(B, pad), input_ids), 1)
-        slot_pos = torch.cat((slot_pos.new_full((B, pad), -1), slot_pos), 1)
-        position_ids = torch.cat((position_ids.new_zeros(B, pad), position_ids), 1)
-    store.positions(slot_pos)
-    write = torch.arange(T + pad, device=input_ids.device)
-    # Also allocates a new cache's layers, before any compiled step.
-    logits, feats = call.dec.runner.prefill(call.model, store.in_use(T + pad), call.cap, input_ids, slot_pos, write,
-                                            position_ids)
-    return logits[:, -1], feats, input_ids, slot_pos
-
-
-def _prefill(call: _Call, input_ids, mask, position_ids, images) -> DecodeState:
-    """The prompt's forward, the first token, and the head's entries for the prompt, into the decoder's buffers."""
-    head, gen, cap = call.head, call.gen, call.cap
-    slot_pos = position_ids.masked_fill(mask == 0, -1)  # (B, T)
-    last_logits, feats, ids, slot_pos = _prompt_forward(call, input_ids, slot_pos, position_ids, images)  # T' >= T
-    if head.hides_image_features(cap.parts):  # the stricter image ablation: zeros at the image positions
-        feats = hide_image_features(feats, ids, cap.parts.image_token_id)
-    scores = last_logits.float()
-    if call.processors:
-        scores = call.processors(input_ids, scores)
-    root = _choose(scores, gen.do_sample, call.generator)  # (B,)
-    _start_head(call, feats, ids, slot_pos, root, position_ids[:, -1] + 1)
-    B = input_ids.shape[0]
-    state = DecodeState(prompt=input_ids.tolist(), generated=[[] for _ in range(B)], finished=[False] * B,
-                        first=root.cpu(), rope_offsets=rope_offsets(images, position_ids) if images is not None
-                        else None, logits=[[r] for r in last_logits.float().cpu()] if gen.output_logits else None,
-                        scores=[[r] for r in scores.cpu()] if gen.output_scores else None)
-    _commit(call, state, [[t] for t in state.first.tolist()])
-    return state
-
-
-def _start_head(call: _Call, feats, ids, slot_pos, root, root_pos) -> None:
-    """The head's entries for the prompt (features (B, T', F) at slots slot_pos (B, T') of tokens ids) and the root
-    (B,) at root_pos (B,), into the decoder's buffers. A call that starts without a tree never drafts
-    (``session.Session``): the head's pass over the prompt is skipped, its entries left empty (positions -1)."""
-    head, cap = call.head, call.cap
-    if not call.dec.tree.drafts:
-        c, B, S = head.config, *slot_pos.shape
-        k = torch.zeros(B, c.num_key_value_heads, S, c.head_dim, dtype=next(head.parameters()).dtype,
-                        device=slot_pos.device)
-        vocab = getattr(c, "draft_vocab_size", None) or c.vocab_size
-        call.dec.start(k, torch.zeros_like(k), torch.full_like(slot_pos, -1), root, root_pos,
-                       k.new_zeros(B, c.hidden_size), torch.zeros(B, vocab, device=slot_pos.device))
-        return
-    head_tokens = torch.cat((ids[:, 1:], root[:, None]), 1)  # entry t pairs feature t with token t+1
-    embeds = None
-    if cap.keeps_input_embeds:
-        # The target's merged embeddings (image features at image positions), shifted like head_tokens.
-        embeds = torch.cat((cap.input_embeds()[:, 1:], head.embed(root[:, None]).to(feats.device)), 1)
-    t0 = time.perf_counter()
-    h_out, h_logits, (k, v) = head_entries(head, None, feats, head_tokens, slot_pos, embeds=embeds)
-    call.dec.start(k, v, slot_pos, root, root_pos, h_out[:, -1], h_logits[:, -1])
-    if call.session is not None:  # what drafting costs the call before its first cycle
-        call.session.prompt_seconds = time.perf_counter() - t0
-
-
-def _draft(call: _Call) -> None:
+def _draft(call: Call) -> None:
     """Launch the draft of the next tree into the decoder's buffers."""
     dec = call.dec
     buf, t = dec.storage.buf, dec.tree
@@ -301,7 +198,7 @@ def _draft(call: _Call) -> None:
         call.clock.mark("draft")
 
 
-def _cycle(call: _Call, state: DecodeState) -> None:
+def _cycle(call: Call, state: DecodeState) -> None:
     """One cycle, top to bottom: drop finished rows, choose the tree, draft, verify, the processors, accept, update,
     read, commit."""
     dec, stats, clock = call.dec, call.stats, call.clock
@@ -372,18 +269,18 @@ def _cycle(call: _Call, state: DecodeState) -> None:
     stats.time_other += t0 - ts + t3 - t2 + time.perf_counter() - t4  # dropping rows and choosing the tree too
 
 
-def _linears(call: _Call, batch: int, q: int):
+def _linears(call: Call, batch: int, q: int):
     """The context a forward of ``q`` tokens per row at ``batch`` rows runs in: ``skinny.py``'s few-row linears on a
-    CPU where the probe measured them faster (``_Call.few_rows``), else none."""
+    CPU where the probe measured them faster (``Call.few_rows``), else none."""
     return for_rows(call.linears, batch * q) if call.few_rows(batch, q) else contextlib.nullcontext()
 
 
 def _never(batch: int, q: int) -> bool:
-    """``_Call.few_rows`` where nothing says the few-row linears pay."""
+    """``Call.few_rows`` where nothing says the few-row linears pay."""
     return False
 
 
-def _drop_finished(call: _Call, state: DecodeState) -> None:
+def _drop_finished(call: Call, state: DecodeState) -> None:
     """Go on with the rows that have not finished (``storage.plan``; compiled runs keep their batch, and a captured
     call where the chooser finds a new capture would cost more than the fewer rows save)."""
     mode = call.dec.runner.mode
@@ -396,7 +293,7 @@ def _drop_finished(call: _Call, state: DecodeState) -> None:
     state.shrink = False
 
 
-def _next_tree(call: _Call, state: DecodeState) -> None:
+def _next_tree(call: Call, state: DecodeState) -> None:
     """The chooser's tree for the next cycle: it observes the last cycle in ``stats``, then keeps its tree or picks
     another (a smaller batch, a moved estimate)."""
     dec = call.dec
@@ -406,7 +303,7 @@ def _next_tree(call: _Call, state: DecodeState) -> None:
         state.drafted = False  # a draft launched ahead was the other tree's
 
 
-def _left(call: _Call, state: DecodeState) -> int:
+def _left(call: Call, state: DecodeState) -> int:
     """New tokens per row the call may still decode: its most, less what its shortest live row has."""
     return call.new - min(len(state.generated[b]) for b in state.slots if not state.finished[b])
 
@@ -435,14 +332,6 @@ def _calibrate(dec: Decoder, head, input_ids, attention_mask, images, calib_inpu
         calibrate_acceptance(dec.model, head, calib_inputs, dec.chooser.acceptance_for(setting_of(gen)))
 
 
-def _choose(scores: torch.Tensor, do_sample: bool, generator) -> torch.Tensor:
-    """Next token from processed scores (B, V), as generate() picks it."""
-    if not do_sample:
-        return scores.argmax(-1)
-    probs = torch.softmax(scores, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
-
-
 def _kept_rows(state: DecodeState, path: torch.Tensor, logits: torch.Tensor, scores: torch.Tensor):
     """output_logits / output_scores: the (B, D+1, V) rows at the path's nodes (node j chose committed token j),
     copied out of the verify's output."""
@@ -451,7 +340,7 @@ def _kept_rows(state: DecodeState, path: torch.Tensor, logits: torch.Tensor, sco
             scores.gather(1, idx).float().cpu() if state.scores is not None else None)
 
 
-def _commit(call: _Call, state: DecodeState, new_tokens: list[list[int]], kept=None) -> None:
+def _commit(call: Call, state: DecodeState, new_tokens: list[list[int]], kept=None) -> None:
     """Append each row's new tokens, up to where generate()'s criteria, asked after every token, stop it.
     Storage row i (``state.slots``) commits ``new_tokens[i]``; ``kept``: the (B', K, V) logits and scores behind them
     (output_logits / output_scores), or None."""

@@ -10,7 +10,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 from ..config import TreeConfig
 from .processors import CallRows, needs_call_batch, reads_input_ids, reads_tokens
 
-__all__ = ["DecodeState", "PhaseClock", "SpeculativeOutput", "SpeculativeStats", "PHASES"]
+__all__ = ["Call", "DecodeState", "PhaseClock", "SpeculativeOutput", "SpeculativeStats", "PHASES"]
 
 PHASES = ("draft", "verify", "accept", "update")  # the cycle's phases ``profile=True`` times on the device
 
@@ -200,3 +200,31 @@ class SpeculativeOutput(GenerateDecoderOnlyOutput):
     """
 
     stats: SpeculativeStats | None = None
+
+
+@dataclass
+class Call:
+    """What the prefill and every cycle of one call read."""
+
+    model: object
+    head: object
+    dec: object  # the Decoder of (model, head, device)
+    cap: object  # FeatureCapture: the decoder's, entered for the call
+    gen: object  # generate()'s generation config
+    processors: object  # generate()'s logits processors
+    reads_ids: bool  # a processor reads the sequence so far (processors.reads_input_ids)
+    stops: object  # stopping.Stops: generate()'s criteria
+    streamer: object
+    generator: torch.Generator | None
+    stats: SpeculativeStats
+    parts: object  # the target's TargetParts
+    limit: int | None  # the target's position limit (TargetParts.position_limit)
+    # The context the verify and the update run in (``skinny_linears`` on a CPU, or none): their forwards take Q and
+    # D+1 rows; every torch call costs a few microseconds more there, so the draft (on a CPU mostly one row per
+    # level) and the host's bookkeeping run outside it.
+    linears: object
+    pad: int  # the token generate() writes after a finished row
+    session: object  # Session or None: the chooser's, when the call was given no tree: it picks the tree before each cycle
+    new: int  # new tokens per row the call decodes at most
+    few_rows: object  # (batch, q) -> whether a forward of q tokens per row takes the few-row linears (``loop._linears``)
+    clock: PhaseClock | None  # profile=True: the phases' device time
