@@ -26,7 +26,8 @@ first call of each kind, batch and setting in a process on a GPU, and any call t
 counted there: it pays first-use costs (Triton builds, allocator growth) that later calls do not. A plain decode is
 priced from the probe and a borrowed host share until it has run: where calls at a batch and setting drafted and none
 decoded without a tree, the next call does, once, to measure it, unless a tree promises ``_MEASURE_PLAIN_BELOW``
-times its rate.
+times its rate. And where trees of one width (top_k) only have run there, a call goes on with the best tree of
+another width once (``_other_width``), so that the acceptance fit sees two.
 """
 from __future__ import annotations
 
@@ -91,7 +92,6 @@ class Session:
     _fit_at: float = 0.0
     _cycles: int = 0  # cycles observed since the choice was last reviewed within the call
     _drafted: int = 0  # drafting cycles observed in the call
-    _forwards: int = 0  # the call's target forwards at the last look (``_other_width``'s record)
     idle: bool = False  # the call started without a tree: the head has no entries, nothing can be drafted
     _stale: bool = False  # the cycle just observed drafted from a head left as it was by cycles without a tree
     _steps: dict = field(default_factory=dict)  # (batch, tree) -> the probed steps' seconds per cycle
@@ -220,7 +220,7 @@ class Session:
         logger.info("draft tree: %s", choice)
         return choice
 
-    def _other_width(self, batch: int) -> TreeChoice | None:
+    def _other_width(self, batch: int, cycle: int) -> TreeChoice | None:
         """The tree of another width to go on with, once (``_EXPLORE_WITHIN``): where the running tree's width
         (top_k) is the only one that has run in this setting, the best finalist of a width that never ran, its rate
         within the factor of the best's; None where there is none, where too few tokens are left, or where this
@@ -236,7 +236,7 @@ class Session:
         if other is None:
             return None
         choice = TreeChoice(other.tree, batch, "another width, to measure it here", tuple(ranked[:_FINALISTS]),
-                            self.acceptance.fit(), self._forwards)
+                            self.acceptance.fit(), cycle)
         self.choices.append(choice)
         logger.info("draft tree: %s", choice)
         return choice
@@ -275,8 +275,7 @@ class Session:
                 self._stale = not self.tree.drafts and new.drafts
                 self.tree = new
             elif self.tree.drafts and self._drafted == _EXPLORE_AFTER:
-                self._forwards = stats.num_target_forwards
-                other = self._other_width(batch)
+                other = self._other_width(batch, stats.num_target_forwards)
                 if other is not None:
                     self.tree, self._cycles = other.tree, 0  # its own cycles before the next review
             if self.captures:
