@@ -1002,14 +1002,15 @@ def test_repeated_default_calls_capture_nothing_new(do_sample):
     assert seen[-1][:2] == seen[-2][:2] == seen[-3][:2] and seen[-1][2] == 0.0, seen
 
 
-@pytest.mark.parametrize("within", [1e9, 0.01])
-def test_a_call_runs_another_width_once_where_one_width_has_run(stand_in, monkeypatch, within):
-    """Where only the running tree's width (top_k) has run at a batch and setting, a call goes on, after
+@pytest.mark.parametrize("within, sampled", [(1e9, False), (0.01, False), (1e9, True)])
+def test_a_greedy_call_runs_another_width_once_where_one_width_has_run(stand_in, monkeypatch, within, sampled):
+    """Where only the running tree's width (top_k) has run at a batch and setting, a greedy call goes on, after
     ``_EXPLORE_AFTER`` drafting cycles, with the best finalist of another width once, when its expected rate is
     within ``_EXPLORE_WITHIN`` of the best's (its counts pin the acceptance model's t, which one width's counts leave
-    loose); never again there, nor where it is far behind."""
+    loose); never again there, nor where it is far behind, nor when sampling."""
     monkeypatch.setattr(session_mod, "_EXPLORE_WITHIN", within)
     c, s = _graph_session(stand_in, 100)
+    s.sampler = object() if sampled else None  # only looked at for being there
     first = s.tree
     assert first.drafts
     stats = SimpleNamespace(num_target_forwards=0, num_drafts=0, accept_counts=[0] * 8, time_draft=0.0,
@@ -1022,9 +1023,9 @@ def test_a_call_runs_another_width_once_where_one_width_has_run(stand_in, monkey
         stats.num_drafts += 1
         stats.time_verify += 1e-3
         stats.accept_counts = [n + round(r) for n, r in zip(stats.accept_counts, rates + [0.0] * 8)]
-    assert (s.kind, 1, s.setting) in c.explored  # looked once
+    assert ((s.kind, 1, s.setting) in c.explored) != sampled  # looked once (greedy)
     explored = [ch for ch in s.choices if ch.why == "another width, to measure it here"]
-    if within > 1:
+    if within > 1 and not sampled:
         assert len(explored) == 1 and explored[0].tree.top_k != first.top_k and explored[0].tree.drafts
         n = session_mod._EXPLORE_AFTER  # the look after the 8th drafting cycle goes on with it
         assert trees[n - 1] == first and trees[n] == explored[0].tree

@@ -26,8 +26,8 @@ first call of each kind, batch and setting in a process on a GPU, and any call t
 counted there: it pays first-use costs (Triton builds, allocator growth) that later calls do not. A plain decode is
 priced from the probe and a borrowed host share until it has run: where calls at a batch and setting drafted and none
 decoded without a tree, the next call does, once, to measure it, unless a tree promises ``_MEASURE_PLAIN_BELOW``
-times its rate. And where trees of one width (top_k) only have run there, a call goes on with the best tree of
-another width once (``_other_width``), so that the acceptance fit sees two.
+times its rate. And where trees of one width (top_k) only have run there, a greedy call goes on with the best tree
+of another width once (``_other_width``), so that the acceptance fit sees two.
 """
 from __future__ import annotations
 
@@ -221,13 +221,17 @@ class Session:
         return choice
 
     def _other_width(self, batch: int, cycle: int) -> TreeChoice | None:
-        """The tree of another width to go on with, once (``_EXPLORE_WITHIN``): where the running tree's width
-        (top_k) is the only one that has run in this setting, the best finalist of a width that never ran, its rate
+        """The tree of another width to go on with, once (``_EXPLORE_WITHIN``), greedy: where the running tree's
+        width (top_k) is the only one that has run in this setting, the best finalist of a width that never ran, its rate
         within the factor of the best's; None where there is none, where too few tokens are left, or where this
         batch, kind and setting explored already."""
         key = (self.kind, batch, self.setting)
         widths = {t.top_k for t in self.acceptance.drafts}
-        if key in self.chooser.explored or widths != {self.tree.top_k} or self.remaining < _EXPLORE_LEFT:
+        # Greedy only: sampling's run of another width (SmolLM2-135M on this project's CPU: a chain's setting ran
+        # 1/4/4, whose counts fitted t = 0) left the calls after it decoding without a tree, 0.99x eager generate
+        # against 1.10x without the run (bench_real.py's sampled speed phase, 2026-12-07)
+        if (self.sampler is not None or key in self.chooser.explored or widths != {self.tree.top_k}
+                or self.remaining < _EXPLORE_LEFT):
             return None
         self.chooser.explored = self.chooser.explored | {key}  # looked once, whatever it finds
         ranked = self._charged(batch, self.rank(batch))
