@@ -1000,35 +1000,3 @@ def test_repeated_default_calls_capture_nothing_new(do_sample):
         out = em.speculative_generate(model, head, ids, return_dict_in_generate=True, **kw)
         seen.append((dec.runner.captures, dec.storage.generation, out.stats.time_compile))
     assert seen[-1][:2] == seen[-2][:2] == seen[-3][:2] and seen[-1][2] == 0.0, seen
-
-
-@pytest.mark.parametrize("within, sampled", [(1e9, False), (0.01, False), (1e9, True)])
-def test_a_greedy_call_runs_another_width_once_where_one_width_has_run(stand_in, monkeypatch, within, sampled):
-    """Where only the running tree's width (top_k) has run at a batch and setting, a greedy call goes on, after
-    ``_EXPLORE_AFTER`` drafting cycles, with the best finalist of another width once, when its expected rate is
-    within ``_EXPLORE_WITHIN`` of the best's (its counts pin the acceptance model's t, which one width's counts leave
-    loose); never again there, nor where it is far behind, nor when sampling."""
-    monkeypatch.setattr(session_mod, "_EXPLORE_WITHIN", within)
-    c, s = _graph_session(stand_in, 100)
-    s.sampler = object() if sampled else None  # only looked at for being there
-    first = s.tree
-    assert first.drafts
-    stats = SimpleNamespace(num_target_forwards=0, num_drafts=0, accept_counts=[0] * 8, time_draft=0.0,
-                            time_verify=0.0, time_other=0.0)
-    trees = []
-    for _ in range(2 * session_mod._EXPLORE_AFTER):
-        trees.append(s.next_tree(1, stats, 0.0))
-        rates = position_rates(0.7, 0.3, trees[-1], 0.8)  # one cycle of the tree that ran: its expected counts
-        stats.num_target_forwards += 1
-        stats.num_drafts += 1
-        stats.time_verify += 1e-3
-        stats.accept_counts = [n + round(r) for n, r in zip(stats.accept_counts, rates + [0.0] * 8)]
-    assert ((s.kind, 1, s.setting) in c.explored) != sampled  # looked once (greedy)
-    explored = [ch for ch in s.choices if ch.why == "another width, to measure it here"]
-    if within > 1 and not sampled:
-        assert len(explored) == 1 and explored[0].tree.top_k != first.top_k and explored[0].tree.drafts
-        n = session_mod._EXPLORE_AFTER  # the look after the 8th drafting cycle goes on with it
-        assert trees[n - 1] == first and trees[n] == explored[0].tree
-        assert {t.top_k for t in s.acceptance.drafts} == {first.top_k, explored[0].tree.top_k}
-    else:
-        assert not explored and set(trees) == {first}

@@ -132,7 +132,6 @@ class Chooser:
         # 16, 1.8-2.1 at 32 and 64); counted, not timed, so a first call's too
         self.straggle: dict[tuple, collections.deque] = {}
         self.called: frozenset = frozenset()  # (kind, batch, setting, drafts) of the calls finished so far
-        self.explored: frozenset = frozenset()  # (kind, batch, setting) where a call ran another width once
 
     def sync(self, generation) -> None:
         """The decoder's storage is at ``generation``: graphs captured on an earlier one went with its memory."""

@@ -26,8 +26,7 @@ first call of each kind, batch and setting in a process on a GPU, and any call t
 counted there: it pays first-use costs (Triton builds, allocator growth) that later calls do not. A plain decode is
 priced from the probe and a borrowed host share until it has run: where calls at a batch and setting drafted and none
 decoded without a tree, the next call does, once, to measure it, unless a tree promises ``_MEASURE_PLAIN_BELOW``
-times its rate. And where trees of one width (top_k) only have run there, a greedy call goes on with the best tree
-of another width once (``_other_width``), so that the acceptance fit sees two.
+times its rate.
 """
 from __future__ import annotations
 
@@ -59,16 +58,6 @@ _REALIZED_MIN_CYCLES = 4  # a call of fewer cycles says little of how a long one
 # once, to measure it, unless the best tree promises this many times its rate (an H100 matrix lost to HF's static
 # generate at greedy batch 32 and 64 with trees, while the plain decode it never ran was priced at a tree's host share)
 _MEASURE_PLAIN_BELOW = 2.0
-# Where trees of one width only have run at a batch and setting, the acceptance model's t (what the head's further
-# choices catch) is fitted from one width's per-depth counts, which leave it loose, so another width's length is a
-# guess (an H100 at greedy batch 4 chose 4/8/48, expected 4.07 tokens against 3.81 for 5/4/16; both realized about
-# 4.3, and the wider verify cost the call 10%). So once, after _EXPLORE_AFTER cycles of a call (mostly the first
-# call there, which captures its steps anyway), the call goes on with the best finalist of another width, when its
-# expected rate is within _EXPLORE_WITHIN of the best's and at least _EXPLORE_LEFT tokens per row are left; its counts
-# then pin t, and the choices that follow (within the call too) weigh both.
-_EXPLORE_AFTER = 8
-_EXPLORE_WITHIN = 1.15
-_EXPLORE_LEFT = 32
 
 
 @dataclass
@@ -91,7 +80,6 @@ class Session:
     _batch: int = 0
     _fit_at: float = 0.0
     _cycles: int = 0  # cycles observed since the choice was last reviewed within the call
-    _drafted: int = 0  # drafting cycles observed in the call
     idle: bool = False  # the call started without a tree: the head has no entries, nothing can be drafted
     _stale: bool = False  # the cycle just observed drafted from a head left as it was by cycles without a tree
     _steps: dict = field(default_factory=dict)  # (batch, tree) -> the probed steps' seconds per cycle
@@ -220,31 +208,6 @@ class Session:
         logger.info("draft tree: %s", choice)
         return choice
 
-    def _other_width(self, batch: int, cycle: int) -> TreeChoice | None:
-        """The tree of another width to go on with, once (``_EXPLORE_WITHIN``), greedy: where the running tree's
-        width (top_k) is the only one that has run in this setting, the best finalist of a width that never ran, its rate
-        within the factor of the best's; None where there is none, where too few tokens are left, or where this
-        batch, kind and setting explored already."""
-        key = (self.kind, batch, self.setting)
-        widths = {t.top_k for t in self.acceptance.drafts}
-        # Greedy only: sampling's run of another width (SmolLM2-135M on this project's CPU: a chain's setting ran
-        # 1/4/4, whose counts fitted t = 0) left the calls after it decoding without a tree, 0.99x eager generate
-        # against 1.10x without the run (bench_real.py's sampled speed phase, 2026-12-07)
-        if (self.sampler is not None or key in self.chooser.explored or widths != {self.tree.top_k}
-                or self.remaining < _EXPLORE_LEFT):
-            return None
-        self.chooser.explored = self.chooser.explored | {key}  # looked once, whatever it finds
-        ranked = self._charged(batch, self.rank(batch))
-        other = next((f for f in ranked if f.tree.drafts and f.tree.top_k not in widths
-                      and f.tokens_per_second * _EXPLORE_WITHIN >= ranked[0].tokens_per_second), None)
-        if other is None:
-            return None
-        choice = TreeChoice(other.tree, batch, "another width, to measure it here", tuple(ranked[:_FINALISTS]),
-                            self.acceptance.fit(), cycle)
-        self.choices.append(choice)
-        logger.info("draft tree: %s", choice)
-        return choice
-
     def next_tree(self, batch: int, stats, setup: float, remaining: int | None = None,
                   generation=None) -> TreeConfig:
         """Observe the cycle since the last call, then the tree for the next cycle (the same one, or a new choice
@@ -278,10 +241,6 @@ class Session:
                 new = self._choose(batch, why, stats.num_target_forwards).tree
                 self._stale = not self.tree.drafts and new.drafts
                 self.tree = new
-            elif self.tree.drafts and self._drafted == _EXPLORE_AFTER:
-                other = self._other_width(batch, stats.num_target_forwards)
-                if other is not None:
-                    self.tree, self._cycles = other.tree, 0  # its own cycles before the next review
             if self.captures:
                 self.chooser.hold(self.kind, batch, self.tree)
         self._ran[(batch, self.tree)] += 1  # the cycles each batch and tree ran, for the realized time (``finish``)
@@ -341,7 +300,6 @@ class Session:
             return
         drafts = stats.num_drafts - last_drafts
         self._cycles += 1
-        self._drafted += bool(drafts)
         if self._stale:  # drafted from a head that missed the cycles without a tree: not what the tree gets
             self._stale = False
         else:
