@@ -162,9 +162,8 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         check_cache_room(parts, max_length - 1, capacity)  # the last verify is over at most max_length - 2 slots
         stats = SpeculativeStats(accept_counts=[0] * capacity.depth, tree=tree, mode=mode)
         call = Call(model, head, dec, cap, gen, logits_processor, reads_input_ids(logits_processor),
-                     Stops.of(stopping_criteria), streamer, generator, stats, parts, parts.position_limit, linears,
-                     pad_token_id(gen), session, new, few_rows,
-                     PhaseClock(input_ids.device) if eagle_profile else None)
+                    Stops.of(stopping_criteria), streamer, generator, stats, parts, parts.position_limit, linears,
+                    pad_token_id(gen), session, new, few_rows, PhaseClock(input_ids.device) if eagle_profile else None)
         setup0 = dec.setup
         dec.begin(tree, mode, B, input_ids.shape[1], max_length, sampler, capacity=capacity)
         state = prefill(call, input_ids, mask, position_ids, images)

@@ -224,7 +224,7 @@ class Call:
     # level) and the host's bookkeeping run outside it.
     linears: object
     pad: int  # the token generate() writes after a finished row
-    session: object  # Session or None: the chooser's, when the call was given no tree: it picks the tree before each cycle
+    session: object  # session.Session when the call was given no tree (the chooser's: it picks before each cycle)
     new: int  # new tokens per row the call decodes at most
-    few_rows: object  # (batch, q) -> whether a forward of q tokens per row takes the few-row linears (``loop._linears``)
+    few_rows: object  # (batch, q) -> whether a forward of q tokens per row takes the few-row linears
     clock: PhaseClock | None  # profile=True: the phases' device time
