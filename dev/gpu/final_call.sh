@@ -12,7 +12,7 @@ OUT=$(realpath -m "$OUT")
 source "$(dirname "$0")/prelude.sh"
 fits() { [ $(( $(date +%s) + $1 )) -lt "${DEADLINE:-0}" ]; }
 lscpu > "$OUT/lscpu.txt" 2>&1
-C="env CUDA_VISIBLE_DEVICES= PYTHONPATH=$R OMP_NUM_THREADS=2 taskset -c 0,1"
+C=$HOSTCPU
 (
   $C timeout 120 python dev/probes/plain_step_cpu.py --batch 1 --ops > "$OUT/probe_fresh.log" 2>&1
   echo "$(date -u +%T) probe fresh rc=$?" >> "$OUT/cpu.log"

@@ -7,7 +7,7 @@ set -u
 OUT=${1:?usage: host_probe.sh OUTDIR}
 OUT=$(realpath -m "$OUT")
 source "$(dirname "$0")/prelude.sh"
-C="env CUDA_VISIBLE_DEVICES= PYTHONPATH=$R OMP_NUM_THREADS=2 taskset -c 0,1"
+C=$HOSTCPU
 log "start probes"
 $C timeout 75 python dev/probes/plain_step_cpu.py --batch 1 --ops > "$OUT/probe_fresh.log" 2>&1
 log "probe fresh rc=$?"

@@ -14,7 +14,7 @@ log "start cold"
 PYTHONPATH=$R timeout 40 $G python dev/gpu/cold_profile.py > "$OUT/cold_greedy.log" 2>&1
 log "end cold rc=$?"
 # On the host CPU first: the plain step against generate, profiled (ab13's host ran it at 1.6x generate's time).
-[ "${NOCPU:-0}" = 1 ] || (env CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 PYTHONPATH=$R taskset -c 0,1 timeout 120 \
+[ "${NOCPU:-0}" = 1 ] || ($HOSTCPU timeout 120 \
   python dev/probes/plain_step_cpu.py --batch 1 > "$OUT/plain_step_cpu.log" 2>&1;
   cpu_rows "${CPUROWS:-greedy1 sampled1 greedy4}") &
 CPU=$!

@@ -1,6 +1,6 @@
 # Sourced by the run scripts of dev/gpu/ after `set -u`, with OUT set: makes OUT, writes the GPU's name to
 # OUT/gpu.txt, goes to the repository root (R), and defines log (OUT/steps.log), archive (OUT into OUT.tgz, the one
-# file the device brings back) and G (the GPU work's cores, 2-15; the CPU work beside it takes 0-1).
+# file the device brings back), G (the GPU work's cores, 2-15) and HOSTCPU (the CPU work beside it, on 0-1).
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
@@ -9,10 +9,12 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 log() { echo "$(date -u +%T) $*" | tee -a "$OUT/steps.log"; }
 archive() { tar -czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && rm -rf "$OUT"; }
 G="taskset -c 2-15"
+# The host CPU's work: no GPU, 2 threads, cores 0-1 (the variables before taskset: after it they read as the command).
+HOSTCPU="env CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 PYTHONPATH=$R taskset -c 0,1"
 # CPU matrix rows beside the GPU work: each row of $1 in a process of its own on cores 0-1, until CPU_DEADLINE (epoch
 # s), into OUT/cpu_ROW.json and OUT/cpu.log. Run it in the background: `cpu_rows "greedy1 sampled1" &`.
 cpu_rows() {
-  local r C="env CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 PYTHONPATH=$R taskset -c 0,1"
+  local r C=$HOSTCPU
   for r in $1; do
     [ "$(date +%s)" -gt "${CPU_DEADLINE:-0}" ] && break
     $C timeout 150 python bench/bench_matrix.py --repeats 2 --rows "$r" --methods hf_eager hf_static ours \

@@ -161,9 +161,11 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         capacity = session.capacity if session is not None else tree  # the largest tree the call may switch to
         check_cache_room(parts, max_length - 1, capacity)  # the last verify is over at most max_length - 2 slots
         stats = SpeculativeStats(accept_counts=[0] * capacity.depth, tree=tree, mode=mode)
-        call = Call(model, head, dec, cap, gen, logits_processor, reads_input_ids(logits_processor),
-                    Stops.of(stopping_criteria), streamer, generator, stats, parts, parts.position_limit, linears,
-                    pad_token_id(gen), session, new, few_rows, PhaseClock(input_ids.device) if eagle_profile else None)
+        call = Call(model=model, head=head, dec=dec, cap=cap, gen=gen, processors=logits_processor,
+                    reads_ids=reads_input_ids(logits_processor), stops=Stops.of(stopping_criteria), streamer=streamer,
+                    generator=generator, stats=stats, parts=parts, limit=parts.position_limit, linears=linears,
+                    pad=pad_token_id(gen), session=session, new=new, few_rows=few_rows,
+                    clock=PhaseClock(input_ids.device) if eagle_profile else None)
         setup0 = dec.setup
         dec.begin(tree, mode, B, input_ids.shape[1], max_length, sampler, capacity=capacity)
         state = prefill(call, input_ids, mask, position_ids, images)

@@ -202,9 +202,9 @@ class SpeculativeOutput(GenerateDecoderOnlyOutput):
     stats: SpeculativeStats | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Call:
-    """What the prefill and every cycle of one call read."""
+    """What the prefill and every cycle of one call read (built by keyword: it has many fields)."""
 
     model: object
     head: object
