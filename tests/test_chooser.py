@@ -927,6 +927,9 @@ def test_block_stops_answer_as_first_stop_does():
     for n, toks, got in zip(lengths, blocks, fast):
         seq = torch.tensor([list(range(n)) + toks])
         assert got == first_stop(stops, seq, n), (n, toks)
+    eos_only = Stops.of(StoppingCriteriaList([EosTokenCriteria(eos_token_id=[3, 7])]))
+    for n, toks, got in zip(lengths, blocks, block_stops(eos_only, lengths, blocks)):
+        assert got == first_stop(eos_only, torch.tensor([list(range(n)) + toks]), n), (n, toks)
     user = Stops.of(StoppingCriteriaList([_Never()]))
     assert block_stops(user, [2], [[1]]) is None  # a criterion of the user's sees every prefix, row by row
 

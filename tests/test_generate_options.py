@@ -116,6 +116,51 @@ def test_logits_processors_apply_at_every_node(opts):
         assert torch.equal(out, ref), (opts, tree)
 
 
+@pytest.mark.parametrize("tree", [em.TreeConfig.none(), CHAIN, em.TreeConfig(depth=3, top_k=3, total_tokens=8)],
+                         ids=["none", "chain", "tree"])
+def test_minimum_length_masks_eos_until_reached(tree):
+    """A minimum length with an EOS the target prefers early: the acceptance masks it at every node while every node
+    is short, at none once all are long enough, and node by node in the cycles between (``processors.cycle_ops``):
+    greedy equals generate's, and sampling never ends a row short."""
+    model = tiny_model("llama")
+    ids = prompt(8, batch=2)
+    free = model.generate(ids, max_new_tokens=16, do_sample=False)[:, ids.shape[1]:]
+    eos = int(free[0, 1])  # row 0's second token: without the minimum it would stop there
+    opts = dict(max_new_tokens=16, min_new_tokens=9, eos_token_id=eos, pad_token_id=0)
+    ref = model.generate(ids, do_sample=False, **opts)
+    assert (ref[0, ids.shape[1]: ids.shape[1] + 9] != eos).all()  # the minimum changed the output
+    head = em.Eagle3Head.from_target(model)
+    assert torch.equal(em.speculative_generate(model, head, input_ids=ids, tree=tree, **opts), ref)
+    for seed in range(3):
+        out = em.speculative_generate(model, head, input_ids=ids, tree=tree, do_sample=True, top_k=4,
+                                      generator=torch.Generator().manual_seed(seed), **opts)
+        assert (out[:, ids.shape[1]: ids.shape[1] + 9] != eos).all(), seed
+
+
+def test_cycle_ops_say_what_the_processors_do_at_every_node_or_nothing():
+    from transformers.generation import logits_process as lp
+
+    from eagle_mm.decode.processors import cycle_ops
+
+    eos = torch.tensor([3])
+    minimum = lp.MinNewTokensLengthLogitsProcessor(prompt_length_to_skip=8, min_new_tokens=5, eos_token_id=eos)
+    temp, top = lp.TemperatureLogitsWarper(0.7), lp.TopKLogitsWarper(4)
+    kept = (lp.TemperatureLogitsWarper(0.7), lp.TopKLogitsWarper(4))  # the decoder's sampler's, one per setting
+    procs = [minimum, temp, top]
+
+    def ops(lengths, depth, warpers=kept, processors=procs):
+        return cycle_ops(processors, warpers, lambda: lengths, depth, torch.device("cpu"))
+
+    got = ops([9, 9], 3)  # every node short of 8 + 5: EOS masked, then the kept warpers in the call's order
+    assert torch.equal(got[0], eos) and got[1:] == kept
+    assert ops([13, 15], 3) == kept  # every node past the minimum: no mask
+    assert ops([9, 9], 3, processors=[temp, minimum, top])[0] is kept[0]  # the order is the call's
+    assert ops([10, 12], 3) is None  # a row's deeper nodes reach it, its shallower ones not: node by node, eagerly
+    assert ops([9, 9], 3, warpers=()) is None  # a warper without the sampler's own object (greedy)
+    assert ops([9, 9], 3, processors=[lp.RepetitionPenaltyLogitsProcessor(1.2)]) is None  # reads the tokens
+    assert ops([9, 9], 3, processors=[]) == ()
+
+
 @pytest.mark.compat
 def test_reachable_from_generate_with_custom_generate():
     model = tiny_model("llama")

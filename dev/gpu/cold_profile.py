@@ -1,8 +1,10 @@
 """Where a first default call's seconds go with empty caches (a new machine): one fresh process, empty inductor,
 Triton and cost folders, code-tiny greedy at batch 1, 64 new tokens; cProfile of that first call (top functions by
-cumulative time), then the second call's wall time.
+cumulative time), then the second call's wall time. ``--generate-first``: before it, time ``generate``'s first call
+(eager, the same prompt and tokens) in the same process: what a fresh machine makes any first call pay (CUDA's and
+the attention's kernels loaded from disk), apart from what ours adds.
 
-    PYTHONPATH=. python dev/gpu/cold_profile.py [--sample]
+    PYTHONPATH=. python dev/gpu/cold_profile.py [--sample] [--generate-first]
 """
 import os
 import sys
@@ -31,6 +33,11 @@ def main() -> None:
     print(f"load {time.perf_counter() - t:.2f}s", flush=True)
     enc = m.tokenizer([m.prompts[0]], return_tensors="pt").to(dev)
     kw = dict(**enc, max_new_tokens=64, do_sample="--sample" in sys.argv)
+    if "--generate-first" in sys.argv:
+        t = time.perf_counter()
+        m.target.generate(**kw)
+        torch.cuda.synchronize() if dev.type == "cuda" else None
+        print(f"generate first call {time.perf_counter() - t:.2f}s", flush=True)
     prof = cProfile.Profile()
     t = time.perf_counter()
     prof.enable()

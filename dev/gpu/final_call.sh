@@ -4,7 +4,8 @@
 # figures); bench_8b at accept 4 (ab_8b; PRE8B=1 runs b360572's first); bench_vl7b's default call with its
 # per-phase table. Beside it on cores 0-1 of the host CPU: dev/probes/plain_step_cpu.py --ops on a fresh cost folder
 # and after a default call, then CPU matrix rows until CPU_DEADLINE. A step is skipped when fewer seconds than it
-# needs are left before DEADLINE; COLD=0 skips the first call's profile.
+# needs are left before DEADLINE; COLD=0 skips the first call's profiles (a fresh process, then one more with generate's
+# first call before ours).
 #   DEADLINE=$(( $(date +%s) + 570 )) CPU_DEADLINE=$(( $(date +%s) + 480 )) bash dev/gpu/final_call.sh OUTDIR
 set -u
 OUT=${1:?usage: final_call.sh OUTDIR}
@@ -25,6 +26,8 @@ if [ "${COLD:-1}" = 1 ]; then
   log "start cold"
   PYTHONPATH=$R timeout 40 $G python dev/gpu/cold_profile.py > "$OUT/cold_greedy.log" 2>&1
   log "end cold rc=$?"
+  PYTHONPATH=$R timeout 40 $G python dev/gpu/cold_profile.py --generate-first > "$OUT/cold_after_generate.log" 2>&1
+  log "end cold after generate rc=$?"
 fi
 log "start ab"
 ROWS=${ABROWS:-greedy4 greedy1 sampled1 sampled4 greedy16} bash dev/gpu/ab_interleaved.sh "$OUT/ab" > /dev/null 2>&1

@@ -30,7 +30,7 @@ __all__ = ["VERSION", "CostFile", "cost_folder", "cost_key", "decode_kind", "ent
 
 # Bump when what a file holds, or how a cost is measured, changes (2: a one-row verify runs without skinny.py's mode;
 # 3: the verify timed with and without the few-row linears, and where they won).
-VERSION = 3
+VERSION = 4  # 4: the greedy verify's probe captures its acceptance with it, as the engine now runs it
 
 
 def cost_folder() -> Path:

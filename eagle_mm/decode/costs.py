@@ -28,7 +28,6 @@ from ..config import TreeConfig
 from ..hf.cache import set_pointers
 from ..hf.compat import cache_kwarg
 from ..hf.parts import resolve_target
-from .accept import accept
 from .draft import head_entries, scratch_slots
 from .graphs import OwnGraph
 from .masks import layer_kinds
@@ -36,7 +35,6 @@ from .sampling import draft_noise, walk_noise
 from .skinny import for_rows, skinny_linears
 from .steps import accept_step, advance_step, draft_step, prefill_step, update_step, verify_step
 from .storage import Storage
-from .tree import Tree
 
 logger = logging.getLogger(__name__)
 
@@ -172,20 +170,18 @@ def _probe_tree(q: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 class _Timer:
     """One step to time: called once (the warm-up: lazy allocations, kernel compilation), then, where the call's steps
-    are captured, captured as a CUDA graph (``graphs.OwnGraph``) and replayed, else called eagerly; ``after``, if
-    given, runs eagerly after it each time (what the engine launches from the host, as the greedy acceptance).
+    are captured, captured as a CUDA graph (``graphs.OwnGraph``) and replayed, else called eagerly.
     ``best``: the fastest round so far (a busy machine only ever adds time); ``rounds``: how many. On a CPU the warm-up
     is a round too: an eager step has nothing to compile, and its lazy allocations only make that round slower, which
     the fastest round leaves out."""
 
-    def __init__(self, fn, device: torch.device, graphs: bool, after=None):
-        self.cuda, self.after, self.best, self.rounds = device.type == "cuda", after or (lambda: None), float("inf"), 0
+    def __init__(self, fn, device: torch.device, graphs: bool):
+        self.cuda, self.best, self.rounds = device.type == "cuda", float("inf"), 0
         self.run = OwnGraph(fn, "probed step", device=device) if graphs else fn
         self.inner = 4 if graphs else 1
         if self.cuda:
             for _ in range(2 if graphs else 1):  # the warm-up, then (graphs) the capture
                 self.run()
-                self.after()
         else:
             self.round()
 
@@ -195,7 +191,6 @@ class _Timer:
         t0 = time.perf_counter()
         for _ in range(self.inner):
             self.run()
-            self.after()
         if self.cuda:
             torch.cuda.synchronize()
         took = (time.perf_counter() - t0) / self.inner
@@ -288,16 +283,16 @@ class _Probe:
             walk_noise(buf.u, buf.e, noise)
             draft_noise(buf.noise, noise)
 
-    def timer(self, fn, after=None) -> _Timer:
-        return _Timer(fn, self.dev, self.graphs, after)
+    def timer(self, fn) -> _Timer:
+        return _Timer(fn, self.dev, self.graphs)
 
     def _positions(self, pos):
         return pos[None].expand(3, -1, -1) if self.mrope else pos
 
     def verify_timer(self, q: int, linears=None) -> _Timer:
-        """The verify forward over q tokens per row and the acceptance: sampled, captured with it (as the engine's
-        ``accept_step``); greedy, launched after it from the host (as the engine does). ``linears``: the context its
-        forward runs in (default: the few-row linears on a CPU, where they apply)."""
+        """The verify forward over q tokens per row and the acceptance (``accept_step``, captured with it; the engine
+        captures the two apart). ``linears``: the context its forward runs in (default: the few-row linears on a CPU,
+        where they apply)."""
         linears = for_rows(self.linears, self.B * q) if linears is None else linears
         buf = self.store.full.for_tree(q, 0)
         D, P = min(q - 1, 8), PREFIX
@@ -308,12 +303,9 @@ class _Probe:
             set_pointers(target.cache, P)
             with linears:
                 out[0], _ = verify_step(self.model, target, buf, self.cap, write, positions, D)
-            if s is not None:
-                accept_step(buf, out[0], s, D)
+            accept_step(buf, out[0], s is not None, D, tuple(s.warpers) if s is not None else ())
 
-        tree = Tree(buf.tokens, buf.parent, buf.depth)
-        greedy = None if s is not None else (lambda: accept(tree, out[0], None, D))
-        return self.timer(run, greedy)
+        return self.timer(run)
 
     def verify_costs(self) -> tuple[tuple, tuple]:
         """((tokens per row, seconds), ...) from 1 up: until a first round says the verify costs ``_STEEP`` times the

@@ -33,7 +33,7 @@ from .decoder import Decoder, decoder
 from .draft import DraftSampler
 from .options import call_streamer, check_attention, check_cache_room, check_generation_config, check_head, \
     check_prompt, choose_mode, resolve_tree, split_model_inputs, stop_strings_to_criteria
-from .processors import process_tree_logits, reads_input_ids
+from .processors import cycle_ops, process_tree_logits
 from .skinny import for_rows, skinny_linears
 from .prefill import prefill
 from .state import Call, DecodeState, PhaseClock, SpeculativeStats
@@ -162,9 +162,9 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         check_cache_room(parts, max_length - 1, capacity)  # the last verify is over at most max_length - 2 slots
         stats = SpeculativeStats(accept_counts=[0] * capacity.depth, tree=tree, mode=mode)
         call = Call(model=model, head=head, dec=dec, cap=cap, gen=gen, processors=logits_processor,
-                    reads_ids=reads_input_ids(logits_processor), stops=Stops.of(stopping_criteria), streamer=streamer,
-                    generator=generator, stats=stats, parts=parts, limit=parts.position_limit, linears=linears,
-                    pad=pad_token_id(gen), session=session, new=new, few_rows=few_rows,
+                    stops=Stops.of(stopping_criteria), streamer=streamer, generator=generator, stats=stats,
+                    parts=parts, limit=parts.position_limit, linears=linears, pad=pad_token_id(gen),
+                    session=session, new=new, few_rows=few_rows,
                     clock=PhaseClock(input_ids.device) if eagle_profile else None)
         setup0 = dec.setup
         dec.begin(tree, mode, B, input_ids.shape[1], max_length, sampler, capacity=capacity)
@@ -230,10 +230,16 @@ def _cycle(call: Call, state: DecodeState) -> None:
         logits, feats = run.verify(call.model, store.in_use(store.cur + Q), buf, call.cap, write, positions, t.depth)
     if clock is not None:
         clock.mark("verify")
-    if dec.sampler is not None and not call.reads_ids:  # input-free warpers: one step with the acceptance
-        walk_noise(buf.u, buf.e, dec.generator)  # outside the step, like the draft's
-        accept_len, path, bonus, scores = run.accept(buf, logits, dec.sampler, t.depth)  # (B,), (B, D+1), (B, 1)
-    else:  # the processors, in their own step, then the acceptance
+    # The processors as one step with the acceptance where the host can say what they do at every node this cycle
+    # (input-free warpers; a minimum length that masks EOS at all nodes or none): captured on CUDA, one graph instead
+    # of ~20 eager launches a cycle (code-tiny's no-tree step at 64 rows: 0.6 ms of host time, a third of its step).
+    ops = cycle_ops(call.processors, dec.sampler.warpers if dec.sampler is not None else (), partial(_lengths, state),
+                    t.depth, logits.device)
+    if ops is not None:
+        if dec.sampler is not None:
+            walk_noise(buf.u, buf.e, dec.generator)  # outside the step, like the draft's
+        accept_len, path, bonus, scores = run.accept(buf, logits, dec.sampler is not None, t.depth, ops)
+    else:  # processors that read the tokens (or a minimum some nodes reach): eagerly, then the acceptance
         tree = Tree(buf.tokens, buf.parent, buf.depth)
         scores = logits if not call.processors and dec.sampler is None else \
             process_tree_logits(call.processors, state.call_rows(call.processors, call.pad), tree, logits, t.depth)
@@ -274,6 +280,11 @@ def _linears(call: Call, batch: int, q: int):
     """The context a forward of ``q`` tokens per row at ``batch`` rows runs in: ``skinny.py``'s few-row linears on a
     CPU where the probe measured them faster (``Call.few_rows``), else none."""
     return for_rows(call.linears, batch * q) if call.few_rows(batch, q) else contextlib.nullcontext()
+
+
+def _lengths(state: DecodeState) -> list[int]:
+    """Each storage row's sequence length, the root included (what the length-only processors read)."""
+    return [len(state.prompt[b]) + len(state.generated[b]) for b in state.slots]
 
 
 def _never(batch: int, q: int) -> bool:
@@ -346,6 +357,16 @@ def _commit(call: Call, state: DecodeState, new_tokens: list[list[int]], kept=No
     Storage row i (``state.slots``) commits ``new_tokens[i]``; ``kept``: the (B', K, V) logits and scores behind them
     (output_logits / output_scores), or None."""
     fast = block_stops(call.stops, [len(state.prompt[b]) + len(state.generated[b]) for b in state.slots], new_tokens)
+    if fast is not None and kept is None and call.streamer is None:  # the common cycle: no per-row tensor or branch
+        for b, toks, stop in zip(state.slots, new_tokens, fast):
+            if state.finished[b]:
+                continue
+            if stop is None:
+                state.generated[b].extend(toks)
+            else:
+                state.generated[b].extend(toks[: stop + 1])
+                state.finished[b] = state.shrink = True
+        return
     for i, (b, toks) in enumerate(zip(state.slots, new_tokens)):
         if state.finished[b]:
             continue

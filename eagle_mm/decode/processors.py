@@ -18,7 +18,7 @@ import torch
 
 from ..hf.generation import INPUT_FREE, LENGTH_ONLY, ROW_WISE, for_row, min_length_rule
 
-__all__ = ["CallRows", "process_tree_logits", "apply_input_free", "reads_input_ids", "reads_tokens", "needs_call_batch",
+__all__ = ["CallRows", "process_tree_logits", "cycle_ops", "apply_ops", "apply_input_free", "reads_input_ids", "reads_tokens", "needs_call_batch",
            "node_paths"]
 
 
@@ -63,6 +63,47 @@ def _length_only(p, base: list[int], depth: torch.Tensor, scores: torch.Tensor) 
     eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device), eos_ids.to(scores.device))
     short = (lengths - skip) < minimum  # (M,)
     return scores.masked_fill(short[:, None] & eos[None, :], float("-inf"))
+
+
+def cycle_ops(processors, warpers, lengths, max_depth: int, device) -> tuple | None:
+    """The call's processors as one cycle's captured acceptance applies them (``steps.accept_step``, ``apply_ops``), in
+    their order: an input-free one as the sampler's own warper of that place (``warpers``: the decoder's sampler's, one
+    object per setting, so that the captured step is kept between calls; () greedy), a length-only one as its EOS
+    ids on ``device`` where it masks EOS at every node of the tree, and left out where it masks none. Whether it
+    does is decided here, on the host, from ``lengths()`` (each storage row's sequence length, the root included;
+    a node's is its row's plus its depth up to ``max_depth``), as ``_length_only`` decides per node. None where a
+    processor reads the tokens, an input-free one has no warper (greedy), or a length-only one masks some nodes and
+    not others: the cycle then runs ``process_tree_logits``."""
+    ops, it, n = [], iter(warpers), None
+    for p in processors or ():
+        if type(p) in INPUT_FREE:
+            w = next(it, None)
+            if type(w) is not type(p):
+                return None
+            ops.append(w)
+        elif type(p) in LENGTH_ONLY:
+            minimum, skip, eos = min_length_rule(p)
+            n = lengths() if n is None else n
+            if min(n) - skip >= minimum:  # every node is past the minimum
+                continue
+            if max(n) + max_depth - skip >= minimum:  # some nodes are, some not
+                return None
+            ops.append(torch.as_tensor(eos, device=device).flatten())
+        else:
+            return None
+    return tuple(ops)
+
+
+def apply_ops(ops: tuple, scores: torch.Tensor) -> torch.Tensor:
+    """``cycle_ops``'s ops on fp32 scores (M, V): a tensor of EOS ids masked to -inf as the length-only processors do
+    below their minimum, anything else an input-free processor."""
+    for op in ops:
+        if isinstance(op, torch.Tensor):
+            eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device), op)  # (V,)
+            scores = scores.masked_fill(eos, float("-inf"))
+        else:
+            scores = apply_input_free((op,), scores)
+    return scores
 
 
 def apply_input_free(processors, scores: torch.Tensor) -> torch.Tensor:

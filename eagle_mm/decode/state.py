@@ -110,12 +110,14 @@ class SpeculativeStats:
     def count(self, accepted: list[int], n_draft: int) -> None:
         """One verify forward's acceptance: ``accepted`` draft tokens for each row still live, of ``n_draft``."""
         self.num_target_forwards += 1
-        for a in accepted:
-            self.num_drafts += 1
-            self.num_draft_tokens += n_draft
-            self.accepted_tokens += a + 1
-            for j in range(a):
-                self.accept_counts[j] += 1
+        n = len(accepted)
+        self.num_drafts += n
+        self.num_draft_tokens += n * n_draft
+        self.accepted_tokens += sum(accepted) + n
+        if n_draft:  # a cycle without a tree accepts nothing: no per-row loop (64 rows cost 20 us a cycle)
+            for a in accepted:
+                for j in range(a):
+                    self.accept_counts[j] += 1
 
     @property
     def mean_accept_length(self) -> float:
@@ -212,7 +214,6 @@ class Call:
     cap: object  # FeatureCapture: the decoder's, entered for the call
     gen: object  # generate()'s generation config
     processors: object  # generate()'s logits processors
-    reads_ids: bool  # a processor reads the sequence so far (processors.reads_input_ids)
     stops: object  # stopping.Stops: generate()'s criteria
     streamer: object
     generator: torch.Generator | None

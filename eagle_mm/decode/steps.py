@@ -14,7 +14,7 @@ from ..hf.cache import keep_slots, set_pointers
 from .accept import accept
 from .draft import draft_candidates, head_entries, node_q
 from .masks import tree_masks
-from .processors import apply_input_free
+from .processors import apply_ops
 from .tree import Tree, ancestors, select_tree
 
 __all__ = ["prefill_step", "verify_step", "draft_step", "accept_step", "update_step", "advance_step"]
@@ -54,12 +54,15 @@ def draft_step(head, buf, sampler, top_k: int, depth: int, total: int) -> None:
         node_q(tree, c.q_rows, c.expanded, c.tokens.shape[1], buf.q_nodes)
 
 
-def accept_step(buf, logits, sampler, depth: int):
-    """The sampled acceptance with its noise (buf.u, buf.e) drawn already, after the sampler's input-free warpers (the
-    call's processors): (accept_len (B,), path (B, D+1), bonus (B, 1), scores (B, Q, V) fp32)."""
+def accept_step(buf, logits, sampled: bool, depth: int, ops: tuple):
+    """The acceptance after the call's processors as ``processors.cycle_ops`` gives them (``ops``: input-free warpers
+    and EOS masks, decided on the host for the cycle); sampling reads its noise (buf.u, buf.e), drawn already.
+    Returns (accept_len (B,), path (B, D+1), bonus (B, 1), scores (B, Q, V): fp32, or greedy without ops the logits)."""
     B, Q, V = logits.shape
-    scores = apply_input_free(sampler.warpers, logits.float().reshape(B * Q, V)).reshape(B, Q, V)
+    scores = apply_ops(ops, logits.float().reshape(B * Q, V)).reshape(B, Q, V) if ops or sampled else logits
     tree = Tree(buf.tokens, buf.parent, buf.depth)
+    if not sampled:
+        return (*accept(tree, scores, None, depth), scores)
     return (*accept(tree, scores, buf.q_nodes, depth, noise=(buf.u, buf.e)), scores)
 
 

@@ -68,10 +68,14 @@ def block_stops(stops: Stops, lengths: list[int], blocks: list[list[int]]) -> li
     if stops.others:
         return None
     late = bool(stops.timers) and any(bool(c(torch.zeros(1, 1, dtype=torch.long), None).any()) for c in stops.timers)
+    if late:
+        return [0 if toks else None for toks in blocks]
+    limit, eos = stops.max_length, stops.eos_set
     out = []
-    for n, toks in zip(lengths, blocks):
-        stop = 0 if late else len(toks) if stops.max_length is None else min(len(toks), max(0, stops.max_length - n - 1))
-        if stops.eos_set:
-            stop = next((i for i, t in enumerate(toks[:stop]) if t in stops.eos_set), stop)
-        out.append(stop if stop < len(toks) else None)
+    for n, toks in zip(lengths, blocks):  # a row without EOS short of its limit costs two comparisons
+        k = len(toks)
+        stop = k if limit is None or limit - n - 1 >= k else max(0, limit - n - 1)
+        if eos and not eos.isdisjoint(toks):
+            stop = next((i for i, t in enumerate(toks[:stop]) if t in eos), stop)
+        out.append(stop if stop < k else None)
     return out
