@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Session 2026-12-07b's last measuring call (commit d851088 and its docs): the greedy acceptance's Triton kernel
+# against its torch reference in CUDA graphs (accept_probe.py); the cold first call twice (cold_profile.py, empty
+# caches: as shipped, then with EAGLE_MM_VERIFY_BACKEND=torch, no Triton build); bench_8b's A/B in the order
+# b360572, head, head, b360572 (a GPU that slows over the run falls on both); the whole matrix with HF static; issue
+# 37's A/B rows sampled1 and greedy1 with 5 repeats (a call that decodes without a tree to measure it is one of five,
+# not one of three). Beside it on cores 0-1: plain_step_cpu.py --batch 4 --ops (the host CPU lost greedy batch 4),
+# then CPU matrix rows until CPU_DEADLINE.
+#   DEADLINE=$(( $(date +%s) + 575 )) CPU_DEADLINE=$(( $(date +%s) + 420 )) bash dev/gpu/call16.sh OUTDIR
+set -u
+OUT=${1:?usage: call16.sh OUTDIR}
+OUT=$(realpath -m "$OUT")
+source "$(dirname "$0")/prelude.sh"
+fits() { [ $(( $(date +%s) + $1 )) -lt "${DEADLINE:-0}" ]; }
+C=$HOSTCPU
+(
+  $C timeout 120 python dev/probes/plain_step_cpu.py --batch 4 --new-tokens 64 --ops > "$OUT/probe_b4.log" 2>&1
+  echo "$(date -u +%T) probe b4 rc=$?" >> "$OUT/cpu.log"
+  cpu_rows "greedy4 greedy1 sampled1"
+) &
+CPU=$!
+log "start accept probe"
+PYTHONPATH=$R timeout 40 $G python dev/gpu/accept_probe.py > "$OUT/accept_probe.log" 2>&1
+log "end accept probe rc=$?"
+PYTHONPATH=$R timeout 40 $G python dev/gpu/cold_profile.py > "$OUT/cold_greedy.log" 2>&1
+log "end cold rc=$?"
+EAGLE_MM_VERIFY_BACKEND=torch PYTHONPATH=$R timeout 40 $G python dev/gpu/cold_profile.py > "$OUT/cold_torch.log" 2>&1
+log "end cold torch rc=$?"
+for side in pre37 head head2 pre37b; do
+  fits 240 || break
+  dir=$R; [ "${side#pre37}" != "$side" ] && dir=$R/.pre37
+  (cd "$dir" && PYTHONPATH=$dir timeout 50 $G python bench/bench_8b.py --accept 4 --modes ceiling ours_default \
+    --out "$OUT/8b_$side.json" > "$OUT/8b_$side.log" 2>&1)
+  log "end 8b $side rc=$?"
+done
+if fits 120; then
+  PYTHONPATH=$R timeout $(( DEADLINE - $(date +%s) - 115 > 175 ? 175 : DEADLINE - $(date +%s) - 115 )) \
+    $G python bench/bench_matrix.py --repeats 3 --methods hf_static ours --out "$OUT/matrix_head.json" \
+    > "$OUT/matrix_head.log" 2>&1
+  log "end matrix_head rc=$?"
+fi
+fits 60 && REPEATS=5 ROWS="sampled1 greedy1" timeout $(( DEADLINE - $(date +%s) )) bash dev/gpu/ab_interleaved.sh \
+  "$OUT/ab" > /dev/null 2>&1
+rm -rf "$OUT/ab"
+log "end ab"
+wait $CPU 2>/dev/null
+log "all done"
+archive
