@@ -2,8 +2,8 @@
 # Session 2026-12-07b's last measuring call (commit d851088 and its docs): the greedy acceptance's Triton kernel
 # against its torch reference in CUDA graphs (accept_probe.py); the cold first call twice (cold_profile.py, empty
 # caches: as shipped, then with EAGLE_MM_VERIFY_BACKEND=torch, no Triton build); bench_8b's A/B in the order
-# b360572, head, head, b360572 (a GPU that slows over the run falls on both); the whole matrix with HF static; issue
-# 37's A/B rows sampled1 and greedy1 with 5 repeats (a call that decodes without a tree to measure it is one of five,
+# b360572, head, b360572 (a GPU that slows over the run falls on both); the whole matrix with HF static; issue
+# 37's A/B rows (ABROWS, default sampled1 greedy1) with 5 repeats (a call that decodes without a tree to measure it is one of five,
 # not one of three). Beside it on cores 0-1: plain_step_cpu.py --batch 4 --ops (the host CPU lost greedy batch 4),
 # then CPU matrix rows until CPU_DEADLINE.
 #   DEADLINE=$(( $(date +%s) + 575 )) CPU_DEADLINE=$(( $(date +%s) + 420 )) bash dev/gpu/call16.sh OUTDIR
@@ -26,8 +26,8 @@ PYTHONPATH=$R timeout 40 $G python dev/gpu/cold_profile.py > "$OUT/cold_greedy.l
 log "end cold rc=$?"
 EAGLE_MM_VERIFY_BACKEND=torch PYTHONPATH=$R timeout 40 $G python dev/gpu/cold_profile.py > "$OUT/cold_torch.log" 2>&1
 log "end cold torch rc=$?"
-for side in pre37 head head2 pre37b; do
-  fits 240 || break
+for side in pre37 head pre37b; do
+  fits 200 || break
   dir=$R; [ "${side#pre37}" != "$side" ] && dir=$R/.pre37
   (cd "$dir" && PYTHONPATH=$dir timeout 50 $G python bench/bench_8b.py --accept 4 --modes ceiling ours_default \
     --out "$OUT/8b_$side.json" > "$OUT/8b_$side.log" 2>&1)
@@ -39,7 +39,7 @@ if fits 120; then
     > "$OUT/matrix_head.log" 2>&1
   log "end matrix_head rc=$?"
 fi
-fits 60 && REPEATS=5 ROWS="sampled1 greedy1" timeout $(( DEADLINE - $(date +%s) )) bash dev/gpu/ab_interleaved.sh \
+fits 60 && REPEATS=5 ROWS="${ABROWS:-sampled1 greedy1}" timeout $(( DEADLINE - $(date +%s) )) bash dev/gpu/ab_interleaved.sh \
   "$OUT/ab" > /dev/null 2>&1
 rm -rf "$OUT/ab"
 log "end ab"
