@@ -4,7 +4,8 @@
 # caches: as shipped, then with EAGLE_MM_VERIFY_BACKEND=torch, no Triton build); bench_8b's A/B in the order
 # b360572, head, b360572 (a GPU that slows over the run falls on both); the whole matrix with HF static; issue
 # 37's A/B rows (ABROWS, default sampled1 greedy1) with 5 repeats (a call that decodes without a tree to measure it is one of five,
-# not one of three). Beside it on cores 0-1: plain_step_cpu.py --batch 4 --ops (the host CPU lost greedy batch 4),
+# not one of three). Beside it on cores 0-1: plain_step_cpu.py --batch 4 --ops --after-default (the host CPU lost greedy
+# batch 4: the probe's few-row verdicts there),
 # then CPU matrix rows until CPU_DEADLINE.
 #   DEADLINE=$(( $(date +%s) + 575 )) CPU_DEADLINE=$(( $(date +%s) + 420 )) bash dev/gpu/call16.sh OUTDIR
 set -u
@@ -14,7 +15,7 @@ source "$(dirname "$0")/prelude.sh"
 fits() { [ $(( $(date +%s) + $1 )) -lt "${DEADLINE:-0}" ]; }
 C=$HOSTCPU
 (
-  $C timeout 120 python dev/probes/plain_step_cpu.py --batch 4 --new-tokens 64 --ops > "$OUT/probe_b4.log" 2>&1
+  $C timeout 150 python dev/probes/plain_step_cpu.py --batch 4 --new-tokens 64 --ops --after-default > "$OUT/probe_b4.log" 2>&1
   echo "$(date -u +%T) probe b4 rc=$?" >> "$OUT/cpu.log"
   cpu_rows "greedy4 greedy1 sampled1"
 ) &
