@@ -233,13 +233,15 @@ def _cycle(call: Call, state: DecodeState) -> None:
     # The processors as one step with the acceptance where the host can say what they do at every node this cycle
     # (input-free warpers; a minimum length that masks EOS at all nodes or none): captured on CUDA, one graph instead
     # of ~20 eager launches a cycle (code-tiny's no-tree step at 64 rows: 0.6 ms of host time, a third of its step).
+    # Greedy without processors keeps its acceptance eager (the kernel's two launches): captured, the 8B-shaped
+    # cycle of bench_8b took 0.95 ms longer on two H100s (13.92 against 12.97 ms; cause not found).
     ops = cycle_ops(call.processors, dec.sampler.warpers if dec.sampler is not None else (), partial(_lengths, state),
                     t.depth, logits.device)
-    if ops is not None:
+    if ops is not None and (ops or dec.sampler is not None):
         if dec.sampler is not None:
             walk_noise(buf.u, buf.e, dec.generator)  # outside the step, like the draft's
         accept_len, path, bonus, scores = run.accept(buf, logits, dec.sampler is not None, t.depth, ops)
-    else:  # processors that read the tokens (or a minimum some nodes reach): eagerly, then the acceptance
+    else:  # greedy without processors, or processors that read the tokens (or a minimum some nodes reach): eagerly
         tree = Tree(buf.tokens, buf.parent, buf.depth)
         scores = logits if not call.processors and dec.sampler is None else \
             process_tree_logits(call.processors, state.call_rows(call.processors, call.pad), tree, logits, t.depth)
