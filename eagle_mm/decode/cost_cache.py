@@ -29,8 +29,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["VERSION", "CostFile", "cost_folder", "cost_key", "decode_kind", "entry_name"]
 
 # Bump when what a file holds, or how a cost is measured, changes (2: a one-row verify runs without skinny.py's mode;
-# 3: the verify timed with and without the few-row linears, and where they won).
-VERSION = 4  # 4: the greedy verify's probe captures its acceptance with it, as the engine now runs it
+# 3: the verify timed with and without the few-row linears, and where they won; 4: the greedy verify timed with its
+# acceptance captured after it, as the sampled one was).
+VERSION = 4
 
 
 def cost_folder() -> Path:

@@ -18,8 +18,8 @@ import torch
 
 from ..hf.generation import INPUT_FREE, LENGTH_ONLY, ROW_WISE, for_row, min_length_rule
 
-__all__ = ["CallRows", "process_tree_logits", "cycle_ops", "apply_ops", "apply_input_free", "reads_input_ids", "reads_tokens", "needs_call_batch",
-           "node_paths"]
+__all__ = ["CallRows", "process_tree_logits", "cycle_ops", "apply_ops", "apply_input_free", "reads_input_ids",
+           "reads_tokens", "needs_call_batch", "node_paths"]
 
 
 @dataclass
