@@ -241,9 +241,10 @@ def _cycle(call: Call, state: DecodeState) -> None:
         if dec.sampler is not None:
             walk_noise(buf.u, buf.e, dec.generator)  # outside the step, like the draft's
         accept_len, path, bonus, scores = run.accept(buf, logits, dec.sampler is not None, t.depth, ops)
-    else:  # greedy without processors, or processors that read the tokens (or a minimum some nodes reach): eagerly
+    else:  # greedy whose processors do nothing this cycle (ops ()), or processors that read the tokens (or a minimum
+        # some nodes reach): eagerly
         tree = Tree(buf.tokens, buf.parent, buf.depth)
-        scores = logits if not call.processors and dec.sampler is None else \
+        scores = logits if ops is not None else \
             process_tree_logits(call.processors, state.call_rows(call.processors, call.pad), tree, logits, t.depth)
         accept_len, path, bonus = accept(tree, scores, buf.q_nodes, t.depth, call.generator)
     # output_logits / output_scores: copied out before the next verify reuses the logits' memory
