@@ -291,8 +291,9 @@ class _Probe:
 
     def verify_timer(self, q: int, linears=None) -> _Timer:
         """The verify forward over q tokens per row and the acceptance (``accept_step``, captured with it; the engine
-        captures the two apart). ``linears``: the context its forward runs in (default: the few-row linears on a CPU,
-        where they apply)."""
+        captures the two apart, and launches greedy's eagerly where no processor applies: the same kernels, from the
+        host). ``linears``: the context its forward runs in (default: the few-row linears on a CPU, where they
+        apply)."""
         linears = for_rows(self.linears, self.B * q) if linears is None else linears
         buf = self.store.full.for_tree(q, 0)
         D, P = min(q - 1, 8), PREFIX

@@ -235,8 +235,8 @@ def _cycle(call: Call, state: DecodeState) -> None:
     # of ~20 eager launches a cycle (code-tiny's no-tree step at 64 rows: 0.6 ms of host time, a third of its step).
     # Greedy without processors keeps its acceptance eager (the kernel's two launches): captured, the 8B-shaped
     # cycle of bench_8b took 0.95 ms longer on two H100s (13.92 against 12.97 ms; cause not found).
-    ops = cycle_ops(call.processors, dec.sampler.warpers if dec.sampler is not None else (), partial(_lengths, state),
-                    t.depth, logits.device)
+    ops = cycle_ops(call.processors, dec.sampler.warpers if dec.sampler is not None else (), state.lengths, t.depth,
+                    logits.device)
     if ops is not None and (ops or dec.sampler is not None):
         if dec.sampler is not None:
             walk_noise(buf.u, buf.e, dec.generator)  # outside the step, like the draft's
@@ -283,11 +283,6 @@ def _linears(call: Call, batch: int, q: int):
     """The context a forward of ``q`` tokens per row at ``batch`` rows runs in: ``skinny.py``'s few-row linears on a
     CPU where the probe measured them faster (``Call.few_rows``), else none."""
     return for_rows(call.linears, batch * q) if call.few_rows(batch, q) else contextlib.nullcontext()
-
-
-def _lengths(state: DecodeState) -> list[int]:
-    """Each storage row's sequence length, the root included (what the length-only processors read)."""
-    return [len(state.prompt[b]) + len(state.generated[b]) for b in state.slots]
 
 
 def _never(batch: int, q: int) -> bool:
@@ -359,17 +354,8 @@ def _commit(call: Call, state: DecodeState, new_tokens: list[list[int]], kept=No
     """Append each row's new tokens, up to where generate()'s criteria, asked after every token, stop it.
     Storage row i (``state.slots``) commits ``new_tokens[i]``; ``kept``: the (B', K, V) logits and scores behind them
     (output_logits / output_scores), or None."""
-    fast = block_stops(call.stops, [len(state.prompt[b]) + len(state.generated[b]) for b in state.slots], new_tokens)
-    if fast is not None and kept is None and call.streamer is None:  # the common cycle: no per-row tensor or branch
-        for b, toks, stop in zip(state.slots, new_tokens, fast):
-            if state.finished[b]:
-                continue
-            if stop is None:
-                state.generated[b].extend(toks)
-            else:
-                state.generated[b].extend(toks[: stop + 1])
-                state.finished[b] = state.shrink = True
-        return
+    fast = block_stops(call.stops, state.lengths(), new_tokens)  # None: a criterion must see every prefix
+    streamer = call.streamer
     for i, (b, toks) in enumerate(zip(state.slots, new_tokens)):
         if state.finished[b]:
             continue
@@ -382,8 +368,9 @@ def _commit(call: Call, state: DecodeState, new_tokens: list[list[int]], kept=No
         state.generated[b].extend(taken)
         if stop is not None:
             state.finished[b] = state.shrink = True
-        for rows, part in zip((state.logits, state.scores), kept or ()):
-            if rows is not None:
-                rows[b].extend(part[i, : len(taken)])
-        if call.streamer is not None and b == 0 and taken:
+        if kept is not None:
+            for rows, part in zip((state.logits, state.scores), kept):
+                if rows is not None:
+                    rows[b].extend(part[i, : len(taken)])
+        if streamer is not None and b == 0 and taken:
             call.streamer.put(torch.tensor(taken))

@@ -60,9 +60,14 @@ def _length_only(p, base: list[int], depth: torch.Tensor, scores: torch.Tensor) 
     if scores.is_cuda:  # from pinned memory the copy does not wait for the work queued on the GPU
         base_t = base_t.pin_memory()
     lengths = (base_t.to(scores.device, non_blocking=True)[:, None] + depth).flatten()  # (M,)
-    eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device), eos_ids.to(scores.device))
     short = (lengths - skip) < minimum  # (M,)
-    return scores.masked_fill(short[:, None] & eos[None, :], float("-inf"))
+    return scores.masked_fill(short[:, None] & _eos_columns(scores, eos_ids)[None, :], float("-inf"))
+
+
+def _eos_columns(scores: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:
+    """(V,) bool: the columns of scores (M, V) that are EOS ids (ids outside the vocabulary match none, as the
+    processors' own ``isin`` has it)."""
+    return torch.isin(torch.arange(scores.shape[-1], device=scores.device), eos_ids.to(scores.device))
 
 
 def cycle_ops(processors, warpers, lengths, max_depth: int, device) -> tuple | None:
@@ -70,7 +75,7 @@ def cycle_ops(processors, warpers, lengths, max_depth: int, device) -> tuple | N
     their order: an input-free one as the sampler's own warper of that place (``warpers``: the decoder's sampler's, one
     object per setting, so that the captured step is kept between calls; () greedy), a length-only one as its EOS
     ids on ``device`` where it masks EOS at every node of the tree, and left out where it masks none. Whether it
-    does is decided here, on the host, from ``lengths()`` (each storage row's sequence length, the root included;
+    does is decided here, on the host, from ``lengths()`` (``DecodeState.lengths``: each storage row's sequence length;
     a node's is its row's plus its depth up to ``max_depth``), as ``_length_only`` decides per node. None where a
     processor reads the tokens, an input-free one has no warper (greedy), or a length-only one masks some nodes and
     not others: the cycle then runs ``process_tree_logits``."""
@@ -99,8 +104,7 @@ def apply_ops(ops: tuple, scores: torch.Tensor) -> torch.Tensor:
     below their minimum, anything else an input-free processor."""
     for op in ops:
         if isinstance(op, torch.Tensor):
-            eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device), op)  # (V,)
-            scores = scores.masked_fill(eos, float("-inf"))
+            scores = scores.masked_fill(_eos_columns(scores, op), float("-inf"))
         else:
             scores = apply_input_free((op,), scores)
     return scores

@@ -35,6 +35,11 @@ class DecodeState:
         if not self.slots:
             self.slots = list(range(len(self.prompt)))
 
+    def lengths(self) -> list[int]:
+        """Each storage row's sequence length so far, the root included (what the stopping criteria and the
+        length-only processors read)."""
+        return [len(self.prompt[b]) + len(self.generated[b]) for b in self.slots]
+
     def row(self, b: int) -> torch.Tensor:
         return torch.tensor(self.prompt[b] + self.generated[b], dtype=torch.long)
 
