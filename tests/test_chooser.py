@@ -15,7 +15,8 @@ import eagle_mm as em
 from eagle_mm import TreeConfig
 from eagle_mm.decode import chooser as chooser_mod
 from eagle_mm.decode import session as session_mod
-from eagle_mm.decode.acceptance import Acceptance, expected_lengths, position_rates
+from eagle_mm.decode.acceptance import (GRID, Acceptance, _grid_rates, expected_lengths, position_rates,
+                                       rank_chances)
 from eagle_mm.decode.chooser import candidate_trees, rank_trees
 from eagle_mm.decode.session import Session
 from eagle_mm.decode.cost_cache import VERSION, CostFile, cost_folder
@@ -60,8 +61,8 @@ def _seen(a: float, t: float, tree: TreeConfig, drafts: int = 4000) -> Acceptanc
 
 def _no_stats(depth: int = 8) -> SimpleNamespace:
     """A call's ``SpeculativeStats`` before its first cycle (what ``Session.next_tree`` reads)."""
-    return SimpleNamespace(num_target_forwards=0, num_drafts=0, accept_counts=[0] * depth, time_draft=0.0,
-                           time_verify=0.0, time_other=0.0)
+    return SimpleNamespace(num_target_forwards=0, num_drafts=0, accept_counts=[0] * depth, first_counts=[0] * depth,
+                           time_draft=0.0, time_verify=0.0, time_other=0.0)
 
 
 # ---- the acceptance model -------------------------------------------------------------------------
@@ -101,6 +102,43 @@ def test_the_fit_recovers_the_head_and_follows_a_drift():
         est.observe(TreeConfig.chain(2), 10, [11, 3])
     with pytest.raises(ValueError, match="prior"):
         Acceptance(prior=(0.6, 0.3))
+
+
+def _first_choice_rates(a: float, t: float, c: float, tree: TreeConfig) -> list[float]:
+    """Oracle: P(the path of first choices is accepted to depth i + 1), growing the model's tree node by node (a
+    frontier of the top_k best per level, the total_tokens best kept) and following the first choices' path."""
+    nodes = [(p, (r,), 1) for r, p in enumerate(rank_chances(a, t, tree.top_k))]
+    front = sorted(nodes, key=lambda n: -n[0])[: tree.top_k]
+    for d in range(2, tree.depth + 1):
+        level = [(p * q, path + (r,), d) for p, path, _ in front for r, q in enumerate(rank_chances(c, t, tree.top_k))]
+        nodes += level
+        front = sorted(level, key=lambda n: -n[0])[: tree.top_k]
+    kept = {path for _, path, _ in sorted(nodes, key=lambda n: -n[0])[: tree.total_tokens]}
+    out, ok = [], True
+    for d in range(1, tree.depth + 1):
+        ok = ok and (0,) * d in kept
+        out.append(a * c ** (d - 1) if ok else 0.0)
+    return out
+
+
+@pytest.mark.parametrize("tree", [TreeConfig(3, 6, 24), TreeConfig(4, 2, 4), TreeConfig(5, 8, 48)], ids=str)
+def test_first_choices_tell_the_head_s_first_choice_from_its_others(tree):
+    """One tree's acceptance counts do not tell a head right at its first choice (a) from one right at its others
+    (t): fitted from them alone, several (a, t) fit, the fit may pick the wrong one (an H100's first sampled call
+    fitted t = 0 and the chooser drafted chains from then on). The counts of accepted first choices tell them apart;
+    the table the fit uses for them equals a node-by-node oracle."""
+    a, t, c = 0.5, 0.2, 0.6
+    _, table = _grid_rates(tree)
+    for g in range(0, len(GRID), 97):  # a spread of the grid, heads whose first choices the tree drops among them
+        assert table[g].tolist() == pytest.approx(_first_choice_rates(*GRID[g].tolist(), tree), abs=1e-6), GRID[g]
+    n = 100_000
+    counts = [round(n * r) for r in position_rates(a, t, tree, c=c)]
+    firsts = [round(n * r) for r in _first_choice_rates(a, t, c, tree)]
+    est = Acceptance()
+    est.observe(tree, n, counts, firsts)
+    assert est.fit() == pytest.approx((a, t, c), abs=0.011)
+    with pytest.raises(ValueError, match="first-choice counts"):
+        Acceptance().observe(tree, 10, [5] * tree.depth, [6] + [0] * (tree.depth - 1))
 
 
 def test_a_head_surer_below_the_root_is_seen_from_a_shallow_tree_and_its_other_trees_valued():
@@ -528,8 +566,8 @@ def _call(s: Session, batch: int, cycles: int, accept: float, seconds: float, se
     ``compiled`` went to captures."""
     s.next_tree(batch, _no_stats(), setup)
     done = SimpleNamespace(num_target_forwards=cycles, num_drafts=cycles * batch, accept_counts=[0] * 8,
-                           mean_accept_length=accept, time_draft=0.0, time_verify=seconds, time_other=0.0,
-                           time_compile=compiled)
+                           first_counts=[0] * 8, mean_accept_length=accept, time_draft=0.0, time_verify=seconds,
+                           time_other=0.0, time_compile=compiled)
     s.finish(done, setup + compiled, round(cycles * accept))
 
 
@@ -704,8 +742,8 @@ def test_a_tree_new_at_a_batch_must_pay_for_its_capture(stand_in, remaining):
 
 
 def _stats(forwards: int) -> SimpleNamespace:
-    return SimpleNamespace(num_target_forwards=forwards, num_drafts=forwards, accept_counts=[0] * 8, time_draft=0.0,
-                           time_verify=1e-3 * forwards, time_other=0.0)
+    return SimpleNamespace(num_target_forwards=forwards, num_drafts=forwards, accept_counts=[0] * 8,
+                           first_counts=[0] * 8, time_draft=0.0, time_verify=1e-3 * forwards, time_other=0.0)
 
 
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
@@ -906,8 +944,8 @@ def test_compiled_calls_keep_their_tree(stand_in):
     c.entries.clear()
     again = Session.start(c, **kw)
     assert again.tree == first.tree and again.choices[0].why == "kept (compiled)"
-    stats = SimpleNamespace(num_target_forwards=1, num_drafts=1, accept_counts=[0] * 8, time_draft=0.0,
-                            time_verify=0.0, time_other=0.0)
+    stats = SimpleNamespace(num_target_forwards=1, num_drafts=1, accept_counts=[0] * 8, first_counts=[0] * 8,
+                            time_draft=0.0, time_verify=0.0, time_other=0.0)
     assert again.next_tree(1, stats, 0.0) == first.tree  # nor does it switch within the call
 
 

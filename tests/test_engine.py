@@ -660,3 +660,33 @@ def test_the_cache_grows_in_the_captured_engine_cuda(monkeypatch):
     assert runner.captures == n
     for out in outs:
         assert torch.equal(out.sequences, ref)
+
+
+class _SecondChoiceHead(ForcedHead):
+    """A forced head whose first choice is always wrong and whose second is the target's token."""
+
+    def step(self, embeds, hidden, position_ids, mask, past):
+        out, forced, kv = super().step(embeds, hidden, position_ids, mask, past)
+        right = forced.argmax(-1, keepdim=True)
+        forced = forced.scatter(-1, right, -1.0).scatter(-1, (right + 1) % forced.shape[-1], 0.0)
+        return out, forced, kv
+
+
+@pytest.mark.parametrize("second", [False, True], ids=["first", "second"])
+def test_first_choice_counts_follow_the_head_s_ranks(second):
+    """``stats.first_counts`` (what the chooser's fit tells a head's first choices by) counts accepted paths of
+    first choices: all of them from a head whose first choice is the target's token, none from one whose second
+    is; a chain's equal its acceptance counts."""
+    model = tiny_model("llama")
+    ids = prompt(10)
+    mask = torch.ones_like(ids)
+    forced, ref = _forced(model, ids, mask, 24, rate=0.0)
+    head = _SecondChoiceHead(forced._head, forced.reference, forced.wrong) if second else forced
+    out = _run(model, head, ids, mask, 24, em.TreeConfig(depth=2, top_k=4, total_tokens=8))
+    assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]])
+    st = out.stats
+    assert st.accept_counts[1] > 0.5 * st.num_drafts  # the right tokens were drafted and accepted, two deep
+    assert st.first_counts == ([0, 0] if second else st.accept_counts)
+    if not second:
+        chain = _run(model, _forced(model, ids, mask, 24, rate=0.4)[0], ids, mask, 24, em.TreeConfig.chain(3)).stats
+        assert 0 < chain.accept_counts[0] < chain.num_drafts and chain.first_counts == chain.accept_counts

@@ -406,6 +406,7 @@ def test_draft_tree_matches_a_path_by_path_oracle(head, cfg):
     logp0 = torch.log_softmax(root_logits[0].float(), -1)
     s, ids = logp0.topk(k)
     level = [((int(t),), float(x)) for t, x in zip(ids, s)]
+    rank = {p: r for r, (p, _) in enumerate(level)}  # a path's last node's place among its siblings, by the head
     depth1 = {p[0] for p, _ in level}
     cands = list(level)
     for _ in range(cfg.depth - 1):
@@ -414,12 +415,15 @@ def test_draft_tree_matches_a_path_by_path_oracle(head, cfg):
             lp = _run_path(head, cache, root_out[0], root_pos[0], list(path))[-1]
             cs, ci = lp.topk(k)
             children += [(path + (int(t),), score + float(x)) for t, x in zip(ci, cs)]
+            rank.update({path + (int(t),): r for r, t in enumerate(ci)})
         cands += children
         level = sorted(children, key=lambda c: -c[1])[:k]
     want = {p for p, _ in sorted(cands, key=lambda c: -c[1])[: cfg.total_tokens]}
     got = _paths(tree, 0)[1:]
     assert len(set(got)) == len(got)
     assert set(got) == want
+    # The rank the engine records (the acceptance's fit reads the first choices by it): candidate index mod top_k.
+    assert [int(i) % k for i in tree.source[0, 1:]] == [rank[p] for p in got]
     assert {int(t) for t, d in zip(tree.tokens[0], tree.depth[0]) if int(d) == 1} <= depth1
 
 

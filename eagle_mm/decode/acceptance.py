@@ -17,10 +17,14 @@ cycle is 1 (the target's own token) plus the sum over all kept nodes. A chain of
 1 + a + a c + ... + a c**(d - 1).
 
 ``Acceptance`` fits (a, t, c) to what decoding observes, per tree shape run: drafts and per-position acceptance
-counts (what ``SpeculativeStats.accept_counts`` holds), by least squares over a grid, weighted by drafts, with a weak
-prior. Older observations fade, so the estimate follows a drift. The replay of ``autotree.calibrate`` feeds it the
-same way. Everything here is a pure function of the numbers given, except ``Acceptance``, which keeps its
-observations.
+counts (what ``SpeculativeStats.accept_counts`` holds) and, for trees, how many accepted paths were the head's first
+choices from the root on (``first_counts``: a path of first choices is accepted to depth i with chance a c**(i-1)),
+by least squares over a grid, weighted by drafts, with a weak prior. Without the first choices one tree's counts do
+not tell a from t (a head right more often at its first choice, or at its others): a single unlucky call of a
+sampled 3/6/24 tree on an H100 fitted t = 0, after which the chooser drafted chains, which never measure t, and lost
+to the fixed tree it replaced (dev/results/ab16_h100_2026-12-07/ab). Older observations fade, so the estimate
+follows a drift. The replay of ``autotree.calibrate`` feeds it the same way (counts only). Everything here is a pure
+function of the numbers given, except ``Acceptance``, which keeps its observations.
 """
 from __future__ import annotations
 
@@ -106,21 +110,37 @@ def expected_lengths(a: float, t: float, trees, c: float | None = None) -> dict[
     return out
 
 
-def _grid_rates(tree: TreeConfig) -> torch.Tensor:
-    """(G, depth): ``position_rates`` at every (a, t, c) of ``GRID`` at once."""
+def _grid_rates(tree: TreeConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(G, depth) twice, at every (a, t, c) of ``GRID`` at once: ``position_rates``, and the chance that the path of
+    first choices is accepted to depth i + 1 (0 from the depth where the tree does not keep it)."""
     k, G = tree.top_k, GRID.shape[0]
     first = rank_chances(GRID[:, 0], GRID[:, 1], k).float()  # (G, k)
     deeper = rank_chances(GRID[:, 2], GRID[:, 1], k).float()  # (G, k)
     values, depths, front = [first], [torch.zeros(k, dtype=torch.long)], first
+    rows = torch.arange(G)
+    # Where the first choices' path sits: its node's index among all candidates, and its place in the frontier
+    # (-1 once the frontier drops it); level d's candidates are the frontier's k children each, in frontier order.
+    at, place, start = [torch.zeros(G, dtype=torch.long)], torch.zeros(G, dtype=torch.long), k
     for d in range(1, tree.depth):
         children = (front[:, :, None] * deeper[:, None, :]).reshape(G, k * k)
         values.append(children)
         depths.append(torch.full((k * k,), d, dtype=torch.long))
-        front = children.topk(k, dim=1).values
+        at.append(torch.where(place >= 0, start + place * k, -1))
+        top = children.topk(k, dim=1)
+        front = top.values
+        hit = top.indices == (place * k)[:, None]  # (G, k)
+        place = torch.where((place >= 0) & hit.any(1), hit.long().argmax(1), -1)
+        start += k * k
     values, depths = torch.cat(values, 1), torch.cat(depths)
     top = values.topk(tree.total_tokens, dim=1)
     rates = torch.zeros(G, tree.depth, dtype=torch.float64)
-    return rates.scatter_add_(1, depths[top.indices], top.values.double())
+    rates.scatter_add_(1, depths[top.indices], top.values.double())
+    kept = torch.zeros(G, values.shape[1] + 1, dtype=torch.bool)  # a last column for "not in the frontier"
+    kept[rows[:, None], top.indices] = True
+    at = torch.stack(at, 1)  # (G, depth)
+    path = kept.gather(1, torch.where(at >= 0, at, values.shape[1])).long().cumprod(1)
+    chain = GRID[:, :1] * GRID[:, 2:3] ** torch.arange(tree.depth, dtype=torch.float64)  # a c**i
+    return rates, chain * path
 
 
 @dataclass
@@ -130,6 +150,9 @@ class Acceptance:
     prior: tuple[float, float, float] = PRIOR
     drafts: dict = field(default_factory=dict)  # TreeConfig -> drafts observed (faded)
     counts: dict = field(default_factory=dict)  # TreeConfig -> [drafts whose accepted length >= i + 1] (faded)
+    # TreeConfig (trees, not chains) -> (drafts observed with their first choices, [of them, those whose accepted
+    # nodes to depth i + 1 were all first choices]) (faded)
+    firsts: dict = field(default_factory=dict)
     fitted: tuple[float, float, float] | None = None
     _tables: dict = field(default_factory=dict, repr=False)  # TreeConfig -> _grid_rates(tree)
     _lengths: dict = field(default_factory=dict, repr=False)  # (a, t, c) of the grid -> {TreeConfig: length}
@@ -138,19 +161,29 @@ class Acceptance:
         if len(self.prior) != 3 or not all(0.0 <= v <= 1.0 for v in self.prior):
             raise ValueError(f"prior must be (a, t, c), each in [0, 1], got {self.prior!r}")
 
-    def observe(self, tree: TreeConfig, drafts: int, counts: list) -> None:
-        """Add ``drafts`` (row, cycle) drafts of ``tree`` and how many of them accepted >= i + 1 tokens."""
+    def observe(self, tree: TreeConfig, drafts: int, counts: list, firsts: list | None = None) -> None:
+        """Add ``drafts`` (row, cycle) drafts of ``tree``, how many of them accepted >= i + 1 tokens and, where known,
+        how many of those were first choices all the way (``SpeculativeStats.first_counts``)."""
         if not tree.drafts or drafts <= 0:
             return
         if len(counts) < tree.depth or any(c < 0 or c > drafts for c in counts[: tree.depth]):
             raise ValueError(f"counts {counts!r} are not acceptance counts of {drafts} drafts of {tree}")
+        if firsts is not None and (len(firsts) < tree.depth or any(
+                f < 0 or f > c for f, c in zip(firsts[: tree.depth], counts[: tree.depth]))):
+            raise ValueError(f"first-choice counts {firsts!r} do not fit the acceptance counts {counts!r} of {tree}")
         fade = (1.0 - 1.0 / _WINDOW) ** drafts
         for key in self.drafts:
             self.drafts[key] *= fade
             self.counts[key] = [c * fade for c in self.counts[key]]
+            if key in self.firsts:
+                n, seen = self.firsts[key]
+                self.firsts[key] = (n * fade, [c * fade for c in seen])
         self.drafts[tree] = self.drafts.get(tree, 0.0) + drafts
         old = self.counts.get(tree, [0.0] * tree.depth)
         self.counts[tree] = [o + c for o, c in zip(old, counts[: tree.depth])]
+        if firsts is not None and tree.top_k > 1:  # a chain's first choices are its counts: no second look
+            n, old = self.firsts.get(tree, (0.0, [0.0] * tree.depth))
+            self.firsts[tree] = (n + drafts, [o + c for o, c in zip(old, firsts[: tree.depth])])
         self.fitted = None
 
     @property
@@ -167,8 +200,12 @@ class Acceptance:
         for tree, n in self.drafts.items():
             if tree not in self._tables:
                 self._tables[tree] = _grid_rates(tree)
+            rates, chain = self._tables[tree]
             seen = torch.tensor(self.counts[tree], dtype=torch.float64) / n
-            loss = loss + n * ((self._tables[tree] - seen) ** 2).sum(1)
+            loss = loss + n * ((rates - seen) ** 2).sum(1)
+            if tree in self.firsts:
+                m, firsts = self.firsts[tree]
+                loss = loss + m * ((chain - torch.tensor(firsts, dtype=torch.float64) / m) ** 2).sum(1)
         best = GRID[int(loss.argmin())]
         self.fitted = (float(best[0]), float(best[1]), float(best[2]))
         return self.fitted

@@ -160,7 +160,8 @@ def custom_generate(model, input_ids, logits_processor, stopping_criteria, gener
         few_rows = cache(few_rows)  # the costs it reads are fixed for the call: each shape is looked up once
         capacity = session.capacity if session is not None else tree  # the largest tree the call may switch to
         check_cache_room(parts, max_length - 1, capacity)  # the last verify is over at most max_length - 2 slots
-        stats = SpeculativeStats(accept_counts=[0] * capacity.depth, tree=tree, mode=mode)
+        stats = SpeculativeStats(accept_counts=[0] * capacity.depth, first_counts=[0] * capacity.depth, tree=tree,
+                                 mode=mode)
         call = Call(model=model, head=head, dec=dec, cap=cap, gen=gen, processors=logits_processor,
                     stops=Stops.of(stopping_criteria), streamer=streamer, generator=generator, stats=stats,
                     parts=parts, limit=parts.position_limit, linears=linears, pad=pad_token_id(gen),
@@ -256,9 +257,9 @@ def _cycle(call: Call, state: DecodeState) -> None:
     # the accept lengths and new tokens.
     if t.drafts:
         with _linears(call, store.batch, t.depth + 1):
-            packed = run.update(call.head, store.target, buf, feats, accept_len, path, bonus)  # (B, 1 + D+1)
+            packed = run.update(call.head, store.target, buf, feats, accept_len, path, bonus)  # (B, 2 + D+1)
     else:  # no tree: the root's slot kept, the next root set, the head left as it is (no linear: no mode)
-        packed = run.advance(store.target, buf, bonus)  # (B, 2)
+        packed = run.advance(store.target, buf, bonus)  # (B, 3)
     host = store.read(packed)
     if clock is not None:
         clock.mark("update")
@@ -269,10 +270,11 @@ def _cycle(call: Call, state: DecodeState) -> None:
     t4 = time.perf_counter()
     if state.drafted:
         store.wait()  # for the copy only, not for the draft queued after it
-    host = host.tolist()  # one host list per cycle: the rows' accept lengths and new tokens
+    host = host.tolist()  # one host list per cycle: the rows' accept lengths, first choices and new tokens
     acc = [r[0] for r in host]  # per storage row
-    stats.count([a for a, b in zip(acc, state.slots) if not state.finished[b]], Q - 1)
-    _commit(call, state, [r[1: r[0] + 2] for r in host], kept)
+    live = [r for r, b in zip(host, state.slots) if not state.finished[b]]
+    stats.count([r[0] for r in live], Q - 1, [r[1] for r in live])
+    _commit(call, state, [r[2: r[0] + 3] for r in host], kept)
     store.cur += max(acc) + 1  # the host's copy of the write pointer, as update_step moved the device's
     stats.time_draft += t1 - t0 + t4 - t3
     stats.time_verify += t2 - t1

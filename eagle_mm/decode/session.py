@@ -84,7 +84,8 @@ class Session:
     capacity: TreeConfig = field(default=None)
     sampler: object = None
     choices: list = field(default_factory=list)
-    _last: tuple = (0, 0, (), 0.0, 0.0)  # stats at the last look: forwards, drafts, accept counts, seconds, setup
+    _last: tuple = (0, 0, (), (), 0.0, 0.0)  # stats at the last look: forwards, drafts, accept and first-choice
+    # counts, seconds, setup
     _batch: int = 0
     _fit_at: float = 0.0
     _cycles: int = 0  # cycles observed since the choice was last reviewed within the call
@@ -306,9 +307,9 @@ class Session:
 
     def _observe(self, stats, setup: float) -> None:
         forwards, seconds = stats.num_target_forwards, stats.time_draft + stats.time_verify + stats.time_other
-        last_forwards, last_drafts, last_counts, last_seconds, last_setup = self._last
-        counts = list(stats.accept_counts)
-        self._last = (forwards, stats.num_drafts, counts, seconds, setup)
+        last_forwards, last_drafts, last_counts, last_firsts, last_seconds, last_setup = self._last
+        counts, firsts = list(stats.accept_counts), list(stats.first_counts)
+        self._last = (forwards, stats.num_drafts, counts, firsts, seconds, setup)
         if forwards != last_forwards + 1:  # nothing new (the first look), or not one cycle
             return
         drafts = stats.num_drafts - last_drafts
@@ -316,8 +317,7 @@ class Session:
         if self._stale:  # drafted from a head that missed the cycles without a tree: not what the tree gets
             self._stale = False
         else:
-            self.acceptance.observe(self.tree, drafts,
-                                    [c - (last_counts[i] if i < len(last_counts) else 0) for i, c in enumerate(counts)])
+            self.acceptance.observe(self.tree, drafts, _since(counts, last_counts), _since(firsts, last_firsts))
         if setup == last_setup:  # a cycle that captured or compiled a step says nothing of the steady cost
             self._learn_overhead(seconds - last_seconds)
         elif self.captures and setup > last_setup:  # ... but says what a capture costs
@@ -332,6 +332,11 @@ class Session:
             steps = self._steps[(self._batch, self.tree)] = cycle_seconds(self.table, self._batch, self.tree)
         recent = _note(self.chooser.residuals, key, cycle - steps, 15)
         self.chooser.overhead[key] = max(0.0, statistics.median(recent))
+
+
+def _since(now: list, then: list) -> list:
+    """Counts gained since ``then`` (shorter when the call's tree was shallower then)."""
+    return [c - (then[i] if i < len(then) else 0) for i, c in enumerate(now)]
 
 
 def _note(recent: dict, key, value: float, keep: int = _REALIZED_CALLS) -> collections.deque:

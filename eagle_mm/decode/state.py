@@ -92,6 +92,10 @@ class SpeculativeStats:
     num_drafts: int = 0  # (row, cycle) pairs drafted
     num_draft_tokens: int = 0  # draft nodes sent to verification, over all rows
     accept_counts: list[int] = field(default_factory=list)  # [i]: drafts whose accepted length >= i+1
+    # [i]: drafts whose accepted nodes at depths 1..i+1 were all the head's first choices (rank 0 among their
+    # siblings); equal to accept_counts for a chain. The chooser's acceptance fit tells a tree's first choices from
+    # the rest by it (``acceptance.py``).
+    first_counts: list[int] = field(default_factory=list)
     accepted_tokens: int = 0  # tokens gained from verify forwards (accepted + bonus)
     # Host seconds per part of the cycles. On CUDA the steps are launched and the GPU runs them behind: the draft and
     # the verify count their launches, and the GPU's time shows where the host waits for it, in time_other's read.
@@ -112,8 +116,9 @@ class SpeculativeStats:
     engine: str = "fixed"  # the storage: always the engine's fixed buffers (the one storage)
     mode: str | None = None  # how the steps ran: None eagerly, "graphs" (CUDA graphs), or a torch.compile mode
 
-    def count(self, accepted: list[int], n_draft: int) -> None:
-        """One verify forward's acceptance: ``accepted`` draft tokens for each row still live, of ``n_draft``."""
+    def count(self, accepted: list[int], n_draft: int, first: list[int] | None = None) -> None:
+        """One verify forward's acceptance: ``accepted`` draft tokens for each row still live, of ``n_draft``;
+        ``first``: how many of them, from the root on, were the head's first choices (None: not known)."""
         self.num_target_forwards += 1
         n = len(accepted)
         self.num_drafts += n
@@ -123,6 +128,9 @@ class SpeculativeStats:
             for a in accepted:
                 for j in range(a):
                     self.accept_counts[j] += 1
+            for f in first or ():
+                for j in range(f):
+                    self.first_counts[j] += 1
 
     @property
     def mean_accept_length(self) -> float:

@@ -40,7 +40,7 @@ def verify_step(model, target, buf, cap, write, position_ids, depth: int):
 
 
 def draft_step(head, buf, sampler, top_k: int, depth: int, total: int) -> None:
-    """Grow the EAGLE-2 tree below the root and rerank it; write buf's tokens, parent, depth, q_pos (B, Q) and,
+    """Grow the EAGLE-2 tree below the root and rerank it; write buf's tokens, parent, depth, q_pos, rank (B, Q) and,
     sampling, q_nodes (B, Q, V). Reads the head's committed slots and writes its scratch slots; nothing else changes.
     Sampling reads its noise from ``buf.noise`` (drawn outside: a user's torch.Generator cannot be captured)."""
     c = draft_candidates(head, buf.head, buf.root_out, buf.root_logits, buf.root_pos, top_k, depth, sampler,
@@ -50,6 +50,9 @@ def draft_step(head, buf, sampler, top_k: int, depth: int, total: int) -> None:
     buf.parent.copy_(tree.parent)
     buf.depth.copy_(tree.depth)
     buf.q_pos.copy_(buf.root_pos[:, None] + tree.depth)
+    # A candidate's index is its parent's place in the frontier times top_k plus its own rank (levels start at
+    # multiples of top_k): what the acceptance's fit reads to tell the head's first choices from the rest.
+    buf.rank.copy_(tree.source.clamp(min=0) % top_k)
     if sampler is not None:
         node_q(tree, c.q_rows, c.expanded, c.tokens.shape[1], buf.q_nodes)
 
@@ -98,18 +101,19 @@ def update_step(head, target, buf, feats, accept_len, path, bonus) -> torch.Tens
     buf.root.copy_(bonus.squeeze(1))
     buf.root_pos.add_(accept_len + 1)
     cur.add_(advance)
-    return torch.cat((accept_len[:, None], new_tok), 1)
+    first = ((buf.rank.gather(1, path[:, 1:]) == 0) & (j[1:] <= accept_len[:, None])).long().cumprod(1).sum(1)  # (B,)
+    return torch.cat((accept_len[:, None], first[:, None], new_tok), 1)
 
 
 def advance_step(target, buf, bonus) -> torch.Tensor:
     """The update after a cycle without a draft (``TreeConfig.none()``): the verified root keeps the slot ``cur`` it was
     written to, the target's token (bonus (B, 1)) becomes the next root, and the head is left as it is (nothing was
     drafted from it, and updating it would cost a head forward per token; a later tree drafts over the gap, which
-    only its acceptance feels). Returns (B, 2): the accept length 0, then the new token, as ``update_step``'s."""
+    only its acceptance feels). Returns (B, 3): the accept length 0, no first choice, the new token, as ``update_step``'s."""
     cur = buf.cur
     target.pos.index_copy_(1, cur[None], buf.root_pos[:, None])
     set_pointers(target.cache, cur + 1)
     buf.root.copy_(bonus.squeeze(1))
     buf.root_pos.add_(1)
     cur.add_(1)
-    return torch.cat((torch.zeros_like(bonus), bonus), 1)
+    return torch.cat((torch.zeros_like(bonus), torch.zeros_like(bonus), bonus), 1)

@@ -100,7 +100,7 @@ class Target:
     kwarg: str  # the forward keyword that takes the cache
 
 
-_NODE_COLUMNS = ("tokens", "parent", "depth", "q_pos", "q_nodes", "u")  # the Buffers with one column per tree node
+_NODE_COLUMNS = ("tokens", "parent", "depth", "q_pos", "rank", "q_nodes", "u")  # the Buffers with one column per tree node
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,6 +117,7 @@ class Buffers:
     parent: torch.Tensor  # (B, Q)
     depth: torch.Tensor  # (B, Q)
     q_pos: torch.Tensor  # (B, Q) positions of the tree nodes
+    rank: torch.Tensor  # (B, Q) each node's place among its parent's children, 0 the head's first choice (root: 0)
     q_nodes: torch.Tensor | None  # sampling: (B, Q, V) the draft distribution each node's children came from
     noise: torch.Tensor | None  # sampling: (B, 1 + S, W) the next draft's Exp(1) draws (W: DraftSampler.width)
     u: torch.Tensor | None  # sampling: (B, Q) the acceptance walk's uniforms (``sampling.walk_noise``)
@@ -133,7 +134,7 @@ class Buffers:
                          torch.zeros(B, capacity, **idx), scratch)
         buf = cls(head, torch.zeros((), **idx), torch.zeros(B, **idx), torch.zeros(B, **idx),
                   root_out.new_zeros(B, root_out.shape[-1]), root_logits.new_zeros(B, root_logits.shape[-1]),
-                  *(torch.zeros(B, q_len, **idx) for _ in range(4)),
+                  *(torch.zeros(B, q_len, **idx) for _ in range(5)),
                   torch.zeros(B, q_len, vocab, **fp32) if vocab else None,
                   torch.ones(B, 1 + scratch, width, **fp32) if vocab else None,
                   torch.zeros(B, q_len, **fp32) if vocab else None, torch.ones(B, vocab, **fp32) if vocab else None)
