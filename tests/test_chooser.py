@@ -1048,8 +1048,8 @@ def test_repeated_default_calls_capture_nothing_new(do_sample):
 def test_no_tree_on_thin_acceptance_drafts_the_best_tree_again(stand_in, monkeypatch, drafts, within, retried):
     """A call's first choice of no tree while the acceptance rests on fewer than ``_THIN_DRAFTS`` drafts drafts the
     best tree instead, when it is expected within ``_RETRY_WITHIN`` of no tree's rate (a call without a tree observes
-    no acceptance: an early low fit would stay); not with enough drafts seen, nor before any, nor when the tree is
-    further behind."""
+    no acceptance: an early low fit would stay), once; not with enough drafts seen, nor before any, nor when the tree
+    is further behind."""
     stand_in.verify = LINEAR  # a CPU's verify: every token costs, so a poor head's trees lose
     monkeypatch.setattr(session_mod, "_RETRY_WITHIN", within)
     model = tiny_model("llama")
@@ -1067,3 +1067,5 @@ def test_no_tree_on_thin_acceptance_drafts_the_best_tree_again(stand_in, monkeyp
     assert ranked[0] == plain  # the fit prices every tree out
     assert s.tree.drafts == retried
     assert (s.choices[0].why == "a tree again: its acceptance is thinly measured") == retried
+    if retried:  # once per batch and setting: a call that drafted it again and dropped it measured enough
+        assert not Session.start(c, **start).tree.drafts

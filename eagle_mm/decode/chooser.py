@@ -132,6 +132,7 @@ class Chooser:
         # 16, 1.8-2.1 at 32 and 64); counted, not timed, so a first call's too
         self.straggle: dict[tuple, collections.deque] = {}
         self.called: frozenset = frozenset()  # (kind, batch, setting, drafts) of the calls finished so far
+        self.retried: set = set()  # (batch, kind, setting) where a tree ran again on thin acceptance (``Session``)
 
     def sync(self, generation) -> None:
         """The decoder's storage is at ``generation``: graphs captured on an earlier one went with its memory."""

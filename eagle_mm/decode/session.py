@@ -27,7 +27,8 @@ counted there: it pays first-use costs (Triton builds, allocator growth) that la
 priced from the probe and a borrowed host share until it has run: where calls at a batch and setting drafted and none
 decoded without a tree, the next call does, once, to measure it, unless a tree promises ``_MEASURE_PLAIN_BELOW``
 times its rate; and where a first choice is no tree while the acceptance rests on few drafts, the best tree runs
-again if it is expected close (``_THIN_DRAFTS``): without a tree a call observes no acceptance.
+again, once per batch and setting, if it is expected close (``_THIN_DRAFTS``): without a tree a call observes no
+acceptance.
 """
 from __future__ import annotations
 
@@ -63,7 +64,9 @@ _MEASURE_PLAIN_BELOW = 2.0
 # best tree again, when that is expected within _RETRY_WITHIN of no tree's rate: a call without a tree observes no
 # acceptance, so a fit from a first call's few cycles that priced the trees out stayed for good (code-tiny, greedy
 # batch 1 on this project's CPU: 17 cycles fitted (0.58, 0.3, 0.65), every later call decoded without a tree at
-# 0.95x eager generate, where runs that went on drafting fitted (0.62, 0.5, 0.85) and ran 1.13x and more)
+# 0.95x eager generate, where runs that went on drafting fitted (0.62, 0.5, 0.85) and ran 1.13x and more). Once per
+# batch and setting: a retried tree that its call dropped for no tree was drafted again two calls later, and such calls
+# lose (sampled batch 1 on this project's CPU: 1.47 and 1.62 s against 1.40 s without a tree, 0.94x HF eager)
 _THIN_DRAFTS = 128
 _RETRY_WITHIN = 1.15
 
@@ -210,11 +213,13 @@ class Session:
         if (why == "first" and best.tree.drafts and plain is not None and ran(True) and not ran(False)
                 and best.tokens_per_second < _MEASURE_PLAIN_BELOW * plain.tokens_per_second):
             best, why = plain, "no tree, to measure it here"  # once: its call is counted in ``called``
-        elif why == "first" and not best.tree.drafts and 0 < self.acceptance.observed < _THIN_DRAFTS:
+        elif (why == "first" and not best.tree.drafts and 0 < self.acceptance.observed < _THIN_DRAFTS
+              and key not in self.chooser.retried):
             tree = next((f for f in ranked if f.tree.drafts
                          and f.tokens_per_second * _RETRY_WITHIN >= best.tokens_per_second), None)
             if tree is not None:
                 best, why = tree, "a tree again: its acceptance is thinly measured"
+                self.chooser.retried.add(key)
         self.chooser.last[key] = best.tree
         shown = [best] + ranked[:_FINALISTS] + [f for f in ranked if not f.tree.drafts or f.tree == self.tree]
         choice = TreeChoice(best.tree, batch, why, tuple(dict.fromkeys(shown)), self.acceptance.fit(), cycle)
