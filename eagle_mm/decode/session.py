@@ -321,8 +321,10 @@ class Session:
         self._cycles += 1
         if self._stale:  # drafted from a head that missed the cycles without a tree: not what the tree gets
             self._stale = False
-        else:
-            self.acceptance.observe(self.tree, drafts, _since(counts, last_counts), _since(firsts, last_firsts))
+        elif self.tree.drafts:  # the counts gained since the last look (shorter then when the tree was shallower)
+            self.acceptance.observe(self.tree, drafts,
+                                    [c - (last_counts[i] if i < len(last_counts) else 0) for i, c in enumerate(counts)],
+                                    [c - (last_firsts[i] if i < len(last_firsts) else 0) for i, c in enumerate(firsts)])
         if setup == last_setup:  # a cycle that captured or compiled a step says nothing of the steady cost
             self._learn_overhead(seconds - last_seconds)
         elif self.captures and setup > last_setup:  # ... but says what a capture costs
@@ -337,11 +339,6 @@ class Session:
             steps = self._steps[(self._batch, self.tree)] = cycle_seconds(self.table, self._batch, self.tree)
         recent = _note(self.chooser.residuals, key, cycle - steps, 15)
         self.chooser.overhead[key] = max(0.0, statistics.median(recent))
-
-
-def _since(now: list, then: list) -> list:
-    """Counts gained since ``then`` (shorter when the call's tree was shallower then)."""
-    return [c - (then[i] if i < len(then) else 0) for i, c in enumerate(now)]
 
 
 def _note(recent: dict, key, value: float, keep: int = _REALIZED_CALLS) -> collections.deque:
