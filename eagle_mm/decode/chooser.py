@@ -133,6 +133,9 @@ class Chooser:
         self.straggle: dict[tuple, collections.deque] = {}
         self.called: frozenset = frozenset()  # (kind, batch, setting, drafts) of the calls finished so far
         self.retried: set = set()  # (batch, kind, setting) where a tree ran again on thin acceptance (``Session``)
+        # (kind, batch) -> (the table's costs, {tree: the steps' seconds of its cycle there (``cycle_seconds``)}): fixed
+        # while the costs are, and a choice ranks a few hundred trees (``seconds``)
+        self._steps: dict[tuple, tuple] = {}
 
     def sync(self, generation) -> None:
         """The decoder's storage is at ``generation``: graphs captured on an earlier one went with its memory."""
@@ -210,7 +213,18 @@ class Chooser:
         borrows = {True: True, False: self.device.type == "cuda"}  # whether a cycle takes the other sort's share
         extras = {d: learned[d] if learned[d] is not None else (borrows[d] and learned[not d]) or 0.0
                   for d in (True, False)}
-        return lambda tree: cycle_seconds(table, batch, tree) + extras[tree.drafts]
+        costs = tuple(table[b] for b in sorted(table))
+        held = self._steps.get((kind, batch))
+        if held is None or len(held[0]) != len(costs) or any(a is not b for a, b in zip(held[0], costs)):
+            held = self._steps[(kind, batch)] = (costs, {})  # the costs changed (measured, or set): price anew
+        steps = held[1]
+
+        def of(tree: TreeConfig) -> float:
+            s = steps.get(tree)
+            if s is None:
+                s = steps[tree] = cycle_seconds(table, batch, tree)
+            return s + extras[tree.drafts]
+        return of
 
     def rank(self, lengths: dict, table: dict, kind: str, batch: int, setting: tuple = ()) -> list[Finalist]:
         """``lengths``' trees by expected rate at ``batch``, each cycle scaled by what calls of its kind realized, a

@@ -190,7 +190,11 @@ class Session:
     def _charged(self, batch: int, ranked: list) -> list:
         """``ranked`` with each finalist's capture charge at ``batch`` (``_charge``) filled in."""
         charge = self._charge(batch)
-        return [replace(f, capture_seconds=charge(f.tree)) for f in ranked]
+        out = []
+        for f in ranked:  # a few hundred: a copy only where a capture is charged
+            c = charge(f.tree)
+            out.append(f if c == f.capture_seconds else replace(f, capture_seconds=c))
+        return out
 
     def _seconds_left(self, remaining: int, calls: int = 1):
         """Finalist (charged) -> the seconds ``calls`` calls of the ``remaining`` tokens per row would take with its
