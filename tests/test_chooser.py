@@ -377,6 +377,23 @@ def test_a_users_tree_runs_the_few_row_linears_only_where_a_probe_measured_them_
         assert bool(calls) == pays
 
 
+def test_a_tree_s_step_seconds_follow_the_costs(stand_in):
+    """The chooser prices each tree's steps once per batch and costs (a choice ranks a few hundred trees): new costs,
+    measured or set, are priced anew."""
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)  # the decoder holds its model and head weakly
+    c = em.decoder(model, head).chooser
+    tree = TreeConfig(4, 4, 16)
+    prices = []
+    for verify in (FLAT, LINEAR, FLAT):
+        c.entries = {"1/greedy": _costs(1, verify), "4/greedy": _costs(4, verify)}
+        table = c.table("greedy")
+        prices.append(c.seconds(table, "greedy", 2)(tree))
+        assert prices[-1] == pytest.approx(cycle_seconds(table, 2, tree))
+        assert c.seconds(table, "greedy", 2)(tree) == prices[-1]  # priced once, the same again
+    assert prices[0] != prices[1] and prices[0] == pytest.approx(prices[2])
+
+
 def test_cycle_costs_refuse_bad_data():
     good = _costs(2, FLAT).as_json()
     assert CycleCosts.from_json(json.loads(json.dumps(good))) == _costs(2, FLAT)
