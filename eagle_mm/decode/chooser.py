@@ -213,17 +213,23 @@ class Chooser:
         borrows = {True: True, False: self.device.type == "cuda"}  # whether a cycle takes the other sort's share
         extras = {d: learned[d] if learned[d] is not None else (borrows[d] and learned[not d]) or 0.0
                   for d in (True, False)}
+        steps = self.step_seconds(table, kind, batch)
+        return lambda tree: steps(tree) + extras[tree.drafts]
+
+    def step_seconds(self, table: dict, kind: str, batch: int):
+        """tree -> the steps' seconds of its cycle at ``batch`` (``cycle_seconds``), each tree priced once while the
+        costs stay the objects they are (measured or set anew: priced anew)."""
         costs = tuple(table[b] for b in sorted(table))
         held = self._steps.get((kind, batch))
         if held is None or len(held[0]) != len(costs) or any(a is not b for a, b in zip(held[0], costs)):
-            held = self._steps[(kind, batch)] = (costs, {})  # the costs changed (measured, or set): price anew
+            held = self._steps[(kind, batch)] = (costs, {})
         steps = held[1]
 
         def of(tree: TreeConfig) -> float:
             s = steps.get(tree)
             if s is None:
                 s = steps[tree] = cycle_seconds(table, batch, tree)
-            return s + extras[tree.drafts]
+            return s
         return of
 
     def rank(self, lengths: dict, table: dict, kind: str, batch: int, setting: tuple = ()) -> list[Finalist]:

@@ -237,7 +237,7 @@ def _cycle(call: Call, state: DecodeState) -> None:
     # Greedy without processors keeps its acceptance eager (the kernel's two launches): captured, the 8B-shaped
     # cycle of bench_8b took 0.95 ms longer on two H100s (13.92 against 12.97 ms; cause not found).
     ops = cycle_ops(call.processors, dec.sampler.warpers if dec.sampler is not None else (), state.lengths, t.depth,
-                    logits.device)
+                    logits.device, call.eos)
     if ops is not None and (ops or dec.sampler is not None):
         if dec.sampler is not None:
             walk_noise(buf.u, buf.e, dec.generator)  # outside the step, like the draft's

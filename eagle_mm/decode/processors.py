@@ -70,15 +70,16 @@ def _eos_columns(scores: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:
     return torch.isin(torch.arange(scores.shape[-1], device=scores.device), eos_ids.to(scores.device))
 
 
-def cycle_ops(processors, warpers, lengths, max_depth: int, device) -> tuple | None:
+def cycle_ops(processors, warpers, lengths, max_depth: int, device, eos: dict | None = None) -> tuple | None:
     """The call's processors as one cycle's captured acceptance applies them (``steps.accept_step``, ``apply_ops``), in
     their order: an input-free one as the sampler's own warper of that place (``warpers``: the decoder's sampler's, one
     object per setting, so that the captured step is kept between calls; () greedy), a length-only one as its EOS
     ids on ``device`` where it masks EOS at every node of the tree, and left out where it masks none. Whether it
     does is decided here, on the host, from ``lengths()`` (``DecodeState.lengths``: each storage row's sequence length;
-    a node's is its row's plus its depth up to ``max_depth``), as ``_length_only`` decides per node. None where a
-    processor reads the tokens, an input-free one has no warper (greedy), or a length-only one masks some nodes and
-    not others: the cycle then runs ``process_tree_logits``."""
+    a node's is its row's plus its depth up to ``max_depth``), as ``_length_only`` decides per node. ``eos``: the
+    call's {id(processor): its EOS ids on ``device``}, filled at first use (a copy to the GPU each cycle would wait
+    for the verify queued before it). None where a processor reads the tokens, an input-free one has no warper
+    (greedy), or a length-only one masks some nodes and not others: the cycle then runs ``process_tree_logits``."""
     ops, it, n = [], iter(warpers), None
     for p in processors or ():
         if type(p) in INPUT_FREE:
@@ -87,13 +88,18 @@ def cycle_ops(processors, warpers, lengths, max_depth: int, device) -> tuple | N
                 return None
             ops.append(w)
         elif type(p) in LENGTH_ONLY:
-            minimum, skip, eos = min_length_rule(p)
+            minimum, skip, eos_ids = min_length_rule(p)
             n = lengths() if n is None else n
             if min(n) - skip >= minimum:  # every node is past the minimum
                 continue
             if max(n) + max_depth - skip >= minimum:  # some nodes are, some not
                 return None
-            ops.append(torch.as_tensor(eos, device=device).flatten())
+            ids = None if eos is None else eos.get(id(p))
+            if ids is None:
+                ids = torch.as_tensor(eos_ids, device=device).flatten()
+                if eos is not None:
+                    eos[id(p)] = ids
+            ops.append(ids)
         else:
             return None
     return tuple(ops)

@@ -42,7 +42,6 @@ from ..config import TreeConfig
 from .acceptance import Acceptance
 from .chooser import Chooser, Finalist, TreeChoice, candidate_trees, setting_of
 from .cost_cache import decode_kind
-from .costs import cycle_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +93,6 @@ class Session:
     _cycles: int = 0  # cycles observed since the choice was last reviewed within the call
     idle: bool = False  # the call started without a tree: the head has no entries, nothing can be drafted
     _stale: bool = False  # the cycle just observed drafted from a head left as it was by cycles without a tree
-    _steps: dict = field(default_factory=dict)  # (batch, tree) -> the probed steps' seconds per cycle
     captures: bool = False  # the steps replay as CUDA graphs: a tree new at a batch costs its capture
     remaining: int = 0  # new tokens per row the call has left to decode (at most)
     prompt_seconds: float = 0.0  # the head's pass over the prompt (the loop times it): a cost of drafting
@@ -160,7 +158,8 @@ class Session:
         if not self.captures or (self.kind, rows, self.tree) in self.chooser.held:
             return True
         per_cycle = self.acceptance.expected_lengths([self.tree])[self.tree] if self.tree.drafts else 1.0
-        saved = cycle_seconds(self.table, batch, self.tree) - cycle_seconds(self.table, rows, self.tree)
+        steps = self.chooser.step_seconds
+        saved = steps(self.table, self.kind, batch)(self.tree) - steps(self.table, self.kind, rows)(self.tree)
         return saved * remaining / max(per_cycle, 1.0) > self.chooser.capture_seconds(self.kind)
 
     def few_row_linears(self, batch: int, q: int) -> bool:
@@ -338,9 +337,7 @@ class Session:
         """The host's share of a cycle: what recent cycles took beyond the probed steps (their median: a cycle that
         a busy machine delayed says nothing of the next)."""
         key = (self.kind, self._batch, self.tree.drafts)
-        steps = self._steps.get((self._batch, self.tree))
-        if steps is None:  # read from the table once per batch and tree: the host's work per cycle stays small
-            steps = self._steps[(self._batch, self.tree)] = cycle_seconds(self.table, self._batch, self.tree)
+        steps = self.chooser.step_seconds(self.table, self.kind, self._batch)(self.tree)
         recent = _note(self.chooser.residuals, key, cycle - steps, 15)
         self.chooser.overhead[key] = max(0.0, statistics.median(recent))
 

@@ -242,3 +242,4 @@ class Call:
     new: int  # new tokens per row the call decodes at most
     few_rows: object  # (batch, q) -> whether a forward of q tokens per row takes the few-row linears
     clock: PhaseClock | None  # profile=True: the phases' device time
+    eos: dict = field(default_factory=dict)  # id(length-only processor) -> its EOS ids on the device (``cycle_ops``)

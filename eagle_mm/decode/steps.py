@@ -109,7 +109,8 @@ def advance_step(target, buf, bonus) -> torch.Tensor:
     """The update after a cycle without a draft (``TreeConfig.none()``): the verified root keeps the slot ``cur`` it was
     written to, the target's token (bonus (B, 1)) becomes the next root, and the head is left as it is (nothing was
     drafted from it, and updating it would cost a head forward per token; a later tree drafts over the gap, which
-    only its acceptance feels). Returns (B, 3): the accept length 0, no first choice, the new token, as ``update_step``'s."""
+    only its acceptance feels). Returns (B, 3): the accept length 0, no first choice, the new token, as
+    ``update_step``'s."""
     cur = buf.cur
     target.pos.index_copy_(1, cur[None], buf.root_pos[:, None])
     set_pointers(target.cache, cur + 1)

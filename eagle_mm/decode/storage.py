@@ -100,7 +100,8 @@ class Target:
     kwarg: str  # the forward keyword that takes the cache
 
 
-_NODE_COLUMNS = ("tokens", "parent", "depth", "q_pos", "rank", "q_nodes", "u")  # the Buffers with one column per tree node
+# the Buffers with one column per tree node
+_NODE_COLUMNS = ("tokens", "parent", "depth", "q_pos", "rank", "q_nodes", "u")
 
 
 @dataclass(frozen=True, eq=False)
