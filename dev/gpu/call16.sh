@@ -12,7 +12,6 @@ set -u
 OUT=${1:?usage: call16.sh OUTDIR}
 OUT=$(realpath -m "$OUT")
 source "$(dirname "$0")/prelude.sh"
-fits() { [ $(( $(date +%s) + $1 )) -lt "${DEADLINE:-0}" ]; }
 C=$HOSTCPU
 (
   $C timeout 150 python dev/probes/plain_step_cpu.py --batch 4 --new-tokens 64 --ops --after-default > "$OUT/probe_b4.log" 2>&1
@@ -27,23 +26,7 @@ PYTHONPATH=$R timeout 40 $G python dev/gpu/cold_profile.py > "$OUT/cold_greedy.l
 log "end cold rc=$?"
 EAGLE_MM_VERIFY_BACKEND=torch PYTHONPATH=$R timeout 40 $G python dev/gpu/cold_profile.py > "$OUT/cold_torch.log" 2>&1
 log "end cold torch rc=$?"
-for side in pre37 head pre37b; do
-  fits 200 || break
-  dir=$R; [ "${side#pre37}" != "$side" ] && dir=$R/.pre37
-  (cd "$dir" && PYTHONPATH=$dir timeout 50 $G python bench/bench_8b.py --accept 4 --modes ceiling ours_default \
-    --out "$OUT/8b_$side.json" > "$OUT/8b_$side.log" 2>&1)
-  log "end 8b $side rc=$?"
-done
-if fits 120; then
-  PYTHONPATH=$R timeout $(( DEADLINE - $(date +%s) - 115 > 175 ? 175 : DEADLINE - $(date +%s) - 115 )) \
-    $G python bench/bench_matrix.py --repeats 3 --methods hf_static ours --out "$OUT/matrix_head.json" \
-    > "$OUT/matrix_head.log" 2>&1
-  log "end matrix_head rc=$?"
-fi
-fits 60 && REPEATS=5 ROWS="${ABROWS:-sampled1 greedy1}" timeout $(( DEADLINE - $(date +%s) )) bash dev/gpu/ab_interleaved.sh \
-  "$OUT/ab" > /dev/null 2>&1
-rm -rf "$OUT/ab"
-log "end ab"
+measure_tail 200 115 60
 wait $CPU 2>/dev/null
 log "all done"
 archive

@@ -6,7 +6,6 @@ set -u
 OUT=${1:?usage: call21.sh OUTDIR}
 OUT=$(realpath -m "$OUT")
 source "$(dirname "$0")/prelude.sh"
-fits() { [ $(( $(date +%s) + $1 )) -lt "${DEADLINE:-0}" ]; }
 fits 60 && REPEATS=${REPEATS:-3} ROWS="${ABROWS:-greedy4 sampled4 greedy16}" timeout $(( DEADLINE - $(date +%s) - ${KEEP:-70} )) \
   bash dev/gpu/ab_interleaved.sh "$OUT/ab" > /dev/null 2>&1
 rm -rf "$OUT/ab"

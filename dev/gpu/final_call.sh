@@ -11,7 +11,6 @@ set -u
 OUT=${1:?usage: final_call.sh OUTDIR}
 OUT=$(realpath -m "$OUT")
 source "$(dirname "$0")/prelude.sh"
-fits() { [ $(( $(date +%s) + $1 )) -lt "${DEADLINE:-0}" ]; }
 lscpu > "$OUT/lscpu.txt" 2>&1
 C=$HOSTCPU
 (

@@ -38,3 +38,28 @@ cuda_tests() {
     tests/test_chooser.py tests/test_graphs.py -k "cuda or graphs or chooser or capture" > "$OUT/cudatests.log" 2>&1
   log "end cudatests rc=$?"
 }
+# Seconds left before DEADLINE (epoch s) exceed $1.
+fits() { [ $(( $(date +%s) + $1 )) -lt "${DEADLINE:-0}" ]; }
+# The measuring tail of call16.sh and call20.sh: bench_8b at accept 4 in the order b360572, head, b360572 (each while
+# $1 seconds are left), the whole matrix with HF static (at most 175 s, leaving $2), issue 37's A/B rows (ABROWS,
+# 5 repeats, while $3 seconds are left).
+measure_tail() {
+  local side dir
+  for side in pre37 head pre37b; do
+    fits "$1" || break
+    dir=$R; [ "${side#pre37}" != "$side" ] && dir=$R/.pre37
+    (cd "$dir" && PYTHONPATH=$dir timeout 50 $G python bench/bench_8b.py --accept 4 --modes ceiling ours_default \
+      --out "$OUT/8b_$side.json" > "$OUT/8b_$side.log" 2>&1)
+    log "end 8b $side rc=$?"
+  done
+  if fits 120; then
+    PYTHONPATH=$R timeout $(( DEADLINE - $(date +%s) - $2 > 175 ? 175 : DEADLINE - $(date +%s) - $2 )) \
+      $G python bench/bench_matrix.py --repeats 3 --methods hf_static ours --out "$OUT/matrix_head.json" \
+      > "$OUT/matrix_head.log" 2>&1
+    log "end matrix_head rc=$?"
+  fi
+  fits "$3" && REPEATS=5 ROWS="${ABROWS:-sampled1 greedy1}" timeout $(( DEADLINE - $(date +%s) )) \
+    bash dev/gpu/ab_interleaved.sh "$OUT/ab" > /dev/null 2>&1
+  rm -rf "$OUT/ab"
+  log "end ab"
+}
