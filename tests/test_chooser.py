@@ -906,23 +906,41 @@ def test_a_first_call_counts_where_it_ran_eagerly(stand_in, mode):
     assert (c.realized.get((s.kind, 1, s.setting, drafts)) is not None) == (mode is None)
 
 
-def test_after_a_drafting_call_the_next_measures_no_tree_once(stand_in, monkeypatch):
-    """Where calls at a batch and setting have drafted and none has decoded without a tree, the next call's first
-    choice is no tree, to measure it (priced until then at a tree's host share), unless a tree promises
-    ``_MEASURE_PLAIN_BELOW`` times its rate; once measured, the rates decide."""
-    c, s = _graph_session(stand_in, 100)
-    drafting = (s.kind, 1, s.setting, True)
-    monkeypatch.setattr(session_mod, "_MEASURE_PLAIN_BELOW", 1e9)
-    assert s._choose(1, "first").tree.drafts  # nothing has drafted here yet
-    c.called = frozenset({drafting})
-    choice = s._choose(1, "first")
-    assert choice.tree == TreeConfig.none() and choice.why == "no tree, to measure it here"
-    assert s._choose(1, "rows finished").tree.drafts  # only a call's first choice measures
-    c.called = frozenset({drafting, (s.kind, 1, s.setting, False)})
-    assert s._choose(1, "first").tree.drafts
-    c.called = frozenset({drafting})
-    monkeypatch.setattr(session_mod, "_MEASURE_PLAIN_BELOW", 0.0)  # a tree that clearly wins is kept
-    assert s._choose(1, "first").tree.drafts
+@pytest.mark.parametrize("below, shrinks, measures", [(1e9, True, True), (0.0, True, False), (1e9, False, False)],
+                         ids=["measures", "a-tree-that-clearly-wins", "compiled"])
+def test_a_drafting_call_decodes_its_last_tokens_without_a_tree_to_measure_it(stand_in, monkeypatch, below, shrinks,
+                                                                              measures):
+    """Where no cycle without a tree has been watched at a batch and kind, a call that drafts decodes its last
+    ``_MEASURE_TOKENS`` tokens per row without one, to its end (rows finishing too), to measure it (priced until then at
+    a tree's host share), unless a tree promises ``_MEASURE_PLAIN_BELOW`` times its rate or the call is compiled (it
+    keeps its tree); the next call has it measured and keeps to the tree the call chose."""
+    monkeypatch.setattr(session_mod, "_MEASURE_PLAIN_BELOW", below)
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    start = dict(model=model, head=head, cap=None, batch=4, gen=SimpleNamespace(do_sample=False), sampler=None,
+                 mode=None, max_depth=64, max_top_k=96, shrinks=shrinks)
+    s = Session.start(c, **start)
+    tree, key = s.tree, (4, s.kind, s.setting)
+    assert tree.drafts and s.measure == measures
+    stats = _no_stats(s.capacity.depth)
+    trees = []
+    for left in (40, 30, 20, 13, 12, 11, 9, 8, 6, 5, 3, 2, 1):
+        trees.append(s.next_tree(4 if left > 6 else 2, stats, 0.0, left))
+        stats.num_target_forwards += 1
+        stats.num_drafts += 4
+        stats.accept_counts = [n + 4 for n in stats.accept_counts]  # a head right every time
+        stats.first_counts = [n + 4 for n in stats.first_counts]
+        stats.time_verify += 2e-3
+    if not measures:
+        assert all(t.drafts for t in trees) and (s.kind, 4, False) not in c.overhead
+        return
+    assert trees[:4] == [tree] * 4 and trees[4:] == [TreeConfig.none()] * 9
+    assert [ch.why for ch in s.choices] == ["first", session_mod._MEASURING]
+    assert c.last[key] == tree  # the tree the call chose, not the measurement's
+    assert (s.kind, 4, False) in c.overhead  # the cycles at 4 rows (at 2 a cycle or two: not yet a median)
+    again = Session.start(c, **start)
+    assert not again.measure and again.tree == tree
 
 
 def test_the_held_graphs_follow_the_storage_and_the_runners_limit(stand_in):

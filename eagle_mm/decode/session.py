@@ -55,10 +55,16 @@ _AMORTIZE = 4  # a call's first choice counts a capture against this many calls'
 _SAMPLED_BYTES = 1 << 30  # a sampled tree's proposals (batch x nodes x vocabulary, fp32) stay within this
 _REALIZED_CALLS = 5  # the realized-time ratio is the median of the last calls' of its kind, batch and setting
 _REALIZED_MIN_CYCLES = 4  # a call of fewer cycles says little of how a long one goes
-# A first call at a batch and setting that drafted, and none without a tree yet: the next call decodes without one,
-# once, to measure it, unless the best tree promises this many times its rate (an H100 matrix lost to HF's static
-# generate at greedy batch 32 and 64 with trees, while the plain decode it never ran was priced at a tree's host share)
+# Where no cycle without a tree has run at a batch and kind yet, a call that drafts (of more than twice as many new
+# tokens) decodes its last _MEASURE_TOKENS tokens per row without one, to measure that cycle's host share here, unless the best tree promises this many times
+# its rate (an H100 matrix lost to HF's static generate at greedy batch 32 and 64 with trees, while the plain decode it
+# never ran was priced at a tree's host share). The tokens at the end, as the head then drafts no more: cycles without
+# a tree leave the head's cache behind. A whole call without a tree measured it before (2026-12-07): that call took
+# 1.38x a drafting one on this project's CPU at greedy batch 1 (1.25 against 0.90 s), 1.6x on an H100 at sampled batch
+# 1 (0.198 against 0.123 s), and the host CPU's matrix, two timed calls a row, ran greedy batch 1 at 1.01x HF eager.
 _MEASURE_PLAIN_BELOW = 2.0
+_MEASURE_TOKENS = 12
+_MEASURING = "no tree for the last tokens, to measure it here"
 # A call's first choice of no tree while the acceptance in its setting rests on fewer than this many drafts drafts the
 # best tree again, when that is expected within _RETRY_WITHIN of no tree's rate: a call without a tree observes no
 # acceptance, so a fit from a first call's few cycles that priced the trees out stayed for good (code-tiny, greedy
@@ -99,6 +105,8 @@ class Session:
     _plan: tuple | None = None  # the first choice: (batch, drafts, its cycle's seconds as the probe and host predict)
     _setup0: float | None = None  # the decoder's setup seconds at the first cycle
     _ran: collections.Counter = field(default_factory=collections.Counter)  # (batch, tree) -> the cycles that ran it
+    measure: bool = False  # the call decodes its last _MEASURE_TOKENS tokens per row without a tree, to measure it
+    _tail: bool = False  # ... and does so now: it goes on without a tree to its end
 
     @classmethod
     def start(cls, chooser: Chooser, *, model, head, cap, batch: int, gen, sampler, mode, max_depth: int,
@@ -130,6 +138,7 @@ class Session:
         # A call that starts without a tree leaves the head out (no pass over the prompt: at a large batch on a CPU
         # it costs a fifth of the call), so it stays without one; the next call chooses again.
         s.idle = not first.tree.drafts
+        s.measure = shrinks and max_depth > 2 * _MEASURE_TOKENS and s._plain_unmeasured(batch, first)
         if not shrinks:  # compiled steps: sized for the tree they are compiled for, which the call keeps
             s.capacity = chooser.kept[key] = first.tree
             return s
@@ -203,7 +212,7 @@ class Session:
     def _choose(self, batch: int, why: str, cycle: int = 0) -> TreeChoice:
         """The tree that finishes the call's remaining tokens soonest at ``batch``, its capture included; the one the
         last call chose at this batch while it is within ``_SWITCH`` of it (another tree shape is another graph to
-        capture, or to compile)."""
+        capture, or to compile). ``why`` ``_MEASURING``: no tree, whatever the rates."""
         ranked = self._charged(batch, self.rank(batch))
         key = (batch, self.kind, self.setting)
         left = self._seconds_left(self.remaining, _AMORTIZE if why == "first" else 1)
@@ -211,11 +220,8 @@ class Session:
         last = next((f for f in ranked if f.tree == self.chooser.last.get(key)), None)
         if last is not None and left(last) <= _SWITCH * left(best):
             best = last
-        plain = next((f for f in ranked if not f.tree.drafts), None)
-        ran = lambda drafts: (self.kind, batch, self.setting, drafts) in self.chooser.called  # noqa: E731
-        if (why == "first" and best.tree.drafts and plain is not None and ran(True) and not ran(False)
-                and best.tokens_per_second < _MEASURE_PLAIN_BELOW * plain.tokens_per_second):
-            best, why = plain, "no tree, to measure it here"  # once: its call is counted in ``called``
+        if why == _MEASURING:  # the tree the call chose stays the one the next call holds to
+            best = next(f for f in ranked if not f.tree.drafts)
         elif (why == "first" and not best.tree.drafts and 0 < self.acceptance.observed < _THIN_DRAFTS
               and key not in self.chooser.retried):
             tree = next((f for f in ranked if f.tree.drafts
@@ -223,12 +229,22 @@ class Session:
             if tree is not None:
                 best, why = tree, "a tree again: its acceptance is thinly measured"
                 self.chooser.retried.add(key)
-        self.chooser.last[key] = best.tree
+        if why != _MEASURING:
+            self.chooser.last[key] = best.tree
         shown = [best] + ranked[:_FINALISTS] + [f for f in ranked if not f.tree.drafts or f.tree == self.tree]
         choice = TreeChoice(best.tree, batch, why, tuple(dict.fromkeys(shown)), self.acceptance.fit(), cycle)
         self.choices.append(choice)
         logger.info("draft tree: %s", choice)
         return choice
+
+    def _plain_unmeasured(self, batch: int, first: TreeChoice) -> bool:
+        """Whether a call that starts with ``first`` decodes its last tokens without a tree, to measure it: where it
+        drafts, no cycle without a tree has been watched at ``batch`` and kind, and its tree does not promise
+        ``_MEASURE_PLAIN_BELOW`` times no tree's rate."""
+        plain = next((f for f in first.finalists if not f.tree.drafts), None)
+        best = next(f for f in first.finalists if f.tree == first.tree)
+        return (best.tree.drafts and plain is not None and (self.kind, batch, False) not in self.chooser.overhead
+                and best.tokens_per_second < _MEASURE_PLAIN_BELOW * plain.tokens_per_second)
 
     def next_tree(self, batch: int, stats, setup: float, remaining: int | None = None,
                   generation=None) -> TreeConfig:
@@ -246,11 +262,13 @@ class Session:
         if self.mode in (None, "graphs"):  # compiled calls keep their tree
             now = time.perf_counter()
             why = None
-            if batch != self._batch and self.captures:  # the call keeps its tree, whose captures its choice counted
-                self._batch = batch
+            if batch != self._batch and (self.captures or self._tail):  # the call keeps its tree, whose captures
+                self._batch = batch  # its choice counted (or, measuring, no tree)
             elif batch != self._batch:
                 why = "rows finished"
-            elif self._cycles >= _REFIT_CYCLES and now - self._fit_at >= _REFIT_SECONDS:
+            elif self.measure and self.tree.drafts and self.remaining <= _MEASURE_TOKENS:
+                self.measure, self._tail, why = False, True, _MEASURING
+            elif not self._tail and self._cycles >= _REFIT_CYCLES and now - self._fit_at >= _REFIT_SECONDS:
                 self._fit_at, self._cycles = now, 0
                 ranked = self._charged(batch, self.rank(batch))
                 left = self._seconds_left(self.remaining)
