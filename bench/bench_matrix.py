@@ -9,7 +9,8 @@ the engine dropping them. Columns: ``model.generate`` eager (``hf_eager``) and w
 chooser picks the tree, or no tree, from the costs it measured here, the first call of a process measuring what
 the cost file lacks) and ours with ``compile=True`` (``ours_compile``), and the tree the chooser picked (with
 its switches as rows finished, and the expected rates of its finalists in the JSON). Each method is called once
-untimed first (its first call's cost is reported as its own column), then timed ``--repeats`` times (median; ours
+untimed first (its first call's cost is reported as its own column), then timed ``--repeats`` times, HF eager,
+HF static and ours in turns (a machine whose load drifts weighs on them alike; median; ours
 also records what each timed call spent capturing graphs or compiling, ``timed_setup_s``, and per call, the
 untimed one first, its trees, phases and first choice, ``calls``). Per row: tokens/s, the
 ratio to HF eager, HF static and the faster of the two (``x best``), mean acceptance, and for greedy rows
@@ -134,18 +135,31 @@ def _short(tree) -> str:
     return "none" if not tree.drafts else f"{tree.depth}/{tree.top_k}/{tree.total_tokens}"
 
 
-def _time_method(fn, device, repeats: int) -> dict:
-    out, first = timed(fn, device)
-    calls = [_call_record(out, first)] if hasattr(out, "stats") else []
-    secs, setups = [], []
-    for _ in range(repeats):
-        out, sec = timed(fn, device)
-        secs.append(sec)
-        if hasattr(out, "stats"):  # ours: what a timed call still spent capturing or compiling
-            setups.append(out.stats.time_compile)
-            calls.append(_call_record(out, sec))
-    got = {"out": out, "first_call_s": first, "median_s": statistics.median(secs), "timed_setup_s": setups}
-    return {**got, "calls": calls} if calls else got
+def _time_methods(fns: dict, device, repeats: int, turns: tuple = ("hf_eager", "hf_static", "ours")) -> dict:
+    """Each method called once untimed, then ``repeats`` timed calls; the methods of ``turns`` take their timed calls
+    in turns (a machine whose load drifts, as a GPU host's CPU beside GPU work does, weighs on them alike), the others
+    after them, one method at a time (compiled steps, or a patched loop, between two of ours would change them)."""
+    got = {}
+    for name, fn in fns.items():
+        out, first = timed(fn, device)
+        got[name] = {"out": out, "first_call_s": first, "secs": [], "setups": [],
+                     "calls": [_call_record(out, first)] if hasattr(out, "stats") else []}
+    rounds = [[n for n in fns if n in turns]] * repeats + [[n] * repeats for n in fns if n not in turns]
+    for names in rounds:
+        for name in names:
+            out, sec = timed(fns[name], device)
+            g = got[name]
+            g["out"] = out
+            g["secs"].append(sec)
+            if hasattr(out, "stats"):  # ours: what a timed call still spent capturing or compiling
+                g["setups"].append(out.stats.time_compile)
+                g["calls"].append(_call_record(out, sec))
+    result = {}
+    for name, g in got.items():
+        r = {"out": g["out"], "first_call_s": g["first_call_s"], "median_s": statistics.median(g["secs"]),
+             "timed_setup_s": g["setups"]}
+        result[name] = {**r, "calls": g["calls"]} if g["calls"] else r
+    return result
 
 
 def _call_record(out, seconds: float) -> dict:
@@ -194,8 +208,7 @@ def _row(args, m, model, head, mode, batch, device, scenes, examples, ref32) -> 
     if mode == "ragged" and "ours" in methods:
         methods["ours_whole_batch"] = lambda: _whole_batch(methods["ours"])
     row, outs = {"mode": mode, "batch": batch, "new_tokens": n}, {}
-    for name, fn in methods.items():
-        got = _time_method(fn, device, args.repeats)
+    for name, got in _time_methods(methods, device, args.repeats).items():
         out = got.pop("out")
         outs[name] = out.sequences if hasattr(out, "sequences") else out
         # Tokens decoded: each row's up to its stop (the reference's, the same for every lossless method).
