@@ -80,7 +80,8 @@ class TreeChoice:
 
     tree: TreeConfig
     batch: int
-    why: str  # "first", "rows finished", "acceptance or costs moved", "kept (compiled)", "no tree, to measure it here"
+    why: str  # "first", "rows finished", "acceptance or costs moved", "kept (compiled)",
+    # "no tree for the last tokens, to measure it here", "a tree again: its acceptance is thinly measured"
     finalists: tuple  # (Finalist, ...): the chosen, the best few, no tree, and the tree that ran before
     acceptance: tuple  # the fitted (a, t, c) of ``acceptance.py``
     cycle: int = 0  # the call's cycle from which the tree ran

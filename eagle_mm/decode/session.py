@@ -24,11 +24,11 @@ decode time against what was predicted for the cycles it ran, each at the batch 
 and setting, so a tree that lost to the plain decode it was weighed against is measured losing, and dropped. The
 first call of each kind, batch and setting in a process on a GPU, and any call that captured or compiled, is not
 counted there: it pays first-use costs (Triton builds, allocator growth) that later calls do not. A plain decode is
-priced from the probe and a borrowed host share until it has run: where calls at a batch and setting drafted and none
-decoded without a tree, the next call does, once, to measure it, unless a tree promises ``_MEASURE_PLAIN_BELOW``
-times its rate; and where a first choice is no tree while the acceptance rests on few drafts, the best tree runs
-again, once per batch and setting, if it is expected close (``_THIN_DRAFTS``): without a tree a call observes no
-acceptance.
+priced from the probe and a borrowed host share until it has run: where no cycle without a tree has run at a batch
+and kind, a drafting call decodes its last ``_MEASURE_TOKENS`` tokens per row without one, to measure it, unless a
+tree promises ``_MEASURE_PLAIN_BELOW`` times its rate; and where a first choice is no tree while the acceptance
+rests on few drafts, the best tree runs again, once per batch and setting, if it is expected close
+(``_THIN_DRAFTS``): without a tree a call observes no acceptance.
 """
 from __future__ import annotations
 
