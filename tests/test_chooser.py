@@ -984,6 +984,31 @@ def test_compiled_calls_keep_their_tree(stand_in):
     assert again.next_tree(1, stats, 0.0) == first.tree  # nor does it switch within the call
 
 
+
+def test_a_sampled_compiled_call_chooses_its_own_tree_not_the_greedy_calls(stand_in):
+    """Compiled calls keep their tree per decoding kind: a sampled call's steps compile apart from a greedy call's,
+    so it chooses from its own costs (here: no tree) and keeps that; the greedy call keeps its own."""
+    from transformers import LogitsProcessorList
+    from transformers.generation import logits_process as lp
+
+    from eagle_mm.decode.draft import DraftSampler
+
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    kw = dict(model=model, head=head, cap=None, batch=2, mode="default", max_depth=8, max_top_k=96, shrinks=False)
+    greedy = Session.start(c, gen=SimpleNamespace(do_sample=False), sampler=None, **kw)
+    assert greedy.tree.drafts  # a flat verify: a tree pays
+    stand_in.verify = LINEAR  # every verified token costs the first's: no tree pays
+    c.entries.clear()
+    sampler = DraftSampler.from_processors(LogitsProcessorList([lp.TopPLogitsWarper(0.9)]), head, None, 8)
+    sampled = Session.start(c, gen=SimpleNamespace(do_sample=True, top_p=0.9), sampler=sampler, **kw)
+    assert sampled.choices[0].why == "first" and not sampled.tree.drafts
+    again = Session.start(c, gen=SimpleNamespace(do_sample=True, top_p=0.9), sampler=sampler, **kw)
+    assert again.choices[0].why == "kept (compiled)" and again.tree == sampled.tree
+    back = Session.start(c, gen=SimpleNamespace(do_sample=False), sampler=None, **kw)
+    assert back.choices[0].why == "kept (compiled)" and back.tree == greedy.tree
+
 # ---- committing a cycle's tokens ------------------------------------------------------------------
 def test_block_stops_answer_as_first_stop_does():
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria

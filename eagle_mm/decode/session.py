@@ -126,7 +126,10 @@ class Session:
             trees = [t for t in trees if t.total_tokens <= most]
         s = cls(chooser, acceptance, chooser.table(kind), kind, trees, mode, setting, sampler=sampler,
                 captures=mode == "graphs" and chooser.device.type == "cuda", remaining=max_depth)
-        key = (batch, mode)
+        # Per decoding kind: a sampled call's steps are not a greedy call's (its draft and acceptance compile anew),
+        # so keeping a greedy call's tree saved it nothing and drafted a tree chosen for greedy acceptance (this
+        # project's CPU, sampled batch 1 with compile=True: 4/4/16 at 0.81x generate, where no tree is its choice).
+        key = (batch, mode, kind)
         if not shrinks and chooser.kept.get(key) in trees:  # compiled steps: the tree they were compiled for
             s.tree = s.capacity = chooser.kept[key]
             s.idle = not s.tree.drafts
