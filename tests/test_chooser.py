@@ -943,6 +943,25 @@ def test_a_drafting_call_decodes_its_last_tokens_without_a_tree_to_measure_it(st
     assert not again.measure and again.tree == tree
 
 
+
+def test_under_cuda_graphs_only_a_first_call_or_held_graphs_measure_no_tree(stand_in, monkeypatch):
+    """Under CUDA graphs the measuring tail would capture the steps without a tree: a first call at the batch measures
+    (it captures anyway), a later one only where the runner holds those graphs there."""
+    monkeypatch.setattr(session_mod, "_MEASURE_PLAIN_BELOW", 1e9)
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    s = Session.start(c, model=model, head=head, cap=None, batch=4, gen=SimpleNamespace(do_sample=False),
+                      sampler=None, mode=None, max_depth=64, max_top_k=96, shrinks=True)
+    first = s.choices[0]
+    assert first.tree.drafts and s._plain_unmeasured(4, first)  # eager steps: nothing to capture
+    s.captures = True
+    assert s._plain_unmeasured(4, first)  # the first call at 4 rows
+    c.called = frozenset({(s.kind, 4, s.setting, True)})
+    assert not s._plain_unmeasured(4, first)  # a later call: the tail would capture
+    c.hold(s.kind, 4, TreeConfig.none())
+    assert s._plain_unmeasured(4, first)  # the graphs are held: the tail replays them
+
 def test_the_held_graphs_follow_the_storage_and_the_runners_limit(stand_in):
     c, s = _graph_session(stand_in, 100)
     c.sync(1)

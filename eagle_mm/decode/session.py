@@ -26,7 +26,8 @@ first call of each kind, batch and setting in a process on a GPU, and any call t
 counted there: it pays first-use costs (Triton builds, allocator growth) that later calls do not. A plain decode is
 priced from the probe and a borrowed host share until it has run: where no cycle without a tree has run at a batch
 and kind, a drafting call decodes its last ``_MEASURE_TOKENS`` tokens per row without one, to measure it, unless a
-tree promises ``_MEASURE_PLAIN_BELOW`` times its rate; and where a first choice is no tree while the acceptance
+tree promises ``_MEASURE_PLAIN_BELOW`` times its rate (under CUDA graphs: a first call at the batch, or where those
+graphs are held); and where a first choice is no tree while the acceptance
 rests on few drafts, the best tree runs again, once per batch and setting, if it is expected close
 (``_THIN_DRAFTS``): without a tree a call observes no acceptance.
 """
@@ -246,8 +247,15 @@ class Session:
         ``_MEASURE_PLAIN_BELOW`` times no tree's rate."""
         plain = next((f for f in first.finalists if not f.tree.drafts), None)
         best = next(f for f in first.finalists if f.tree == first.tree)
-        return (best.tree.drafts and plain is not None and (self.kind, batch, False) not in self.chooser.overhead
-                and best.tokens_per_second < _MEASURE_PLAIN_BELOW * plain.tokens_per_second)
+        # Under CUDA graphs the tail captures the steps without a tree unless the runner holds them: a first call at
+        # the batch captures anyway, a later one would pay it inside a call that replays everything else (an H100,
+        # greedy batch 16: the second call measured, 0.74 s against 0.16-0.24 s, dev/results/ab20_h100_2026-12-07).
+        # There a cycle without a tree takes the drafting cycles' host share until measured (``Chooser.seconds``).
+        c = self.chooser
+        fresh = not self.captures or (self.kind, batch, TreeConfig.none()) in c.held or not any(
+            k[0] == self.kind and k[1] == batch for k in c.called)
+        return (best.tree.drafts and plain is not None and (self.kind, batch, False) not in c.overhead
+                and best.tokens_per_second < _MEASURE_PLAIN_BELOW * plain.tokens_per_second and fresh)
 
     def next_tree(self, batch: int, stats, setup: float, remaining: int | None = None,
                   generation=None) -> TreeConfig:
