@@ -943,7 +943,6 @@ def test_a_drafting_call_decodes_its_last_tokens_without_a_tree_to_measure_it(st
     assert not again.measure and again.tree == tree
 
 
-
 def test_under_cuda_graphs_only_a_first_call_or_held_graphs_measure_no_tree(stand_in, monkeypatch):
     """Under CUDA graphs the measuring tail would capture the steps without a tree: a first call at the batch measures
     (it captures anyway), a later one only where the runner holds those graphs there."""
@@ -961,6 +960,7 @@ def test_under_cuda_graphs_only_a_first_call_or_held_graphs_measure_no_tree(stan
     assert not s._plain_unmeasured(4, first)  # a later call: the tail would capture
     c.hold(s.kind, 4, TreeConfig.none())
     assert s._plain_unmeasured(4, first)  # the graphs are held: the tail replays them
+
 
 def test_the_held_graphs_follow_the_storage_and_the_runners_limit(stand_in):
     c, s = _graph_session(stand_in, 100)
@@ -1003,7 +1003,6 @@ def test_compiled_calls_keep_their_tree(stand_in):
     assert again.next_tree(1, stats, 0.0) == first.tree  # nor does it switch within the call
 
 
-
 def test_a_sampled_compiled_call_chooses_its_own_tree_not_the_greedy_calls(stand_in):
     """Compiled calls keep their tree per decoding kind: a sampled call's steps compile apart from a greedy call's,
     so it chooses from its own costs (here: no tree) and keeps that; the greedy call keeps its own."""
@@ -1027,6 +1026,7 @@ def test_a_sampled_compiled_call_chooses_its_own_tree_not_the_greedy_calls(stand
     assert again.choices[0].why == "kept (compiled)" and again.tree == sampled.tree
     back = Session.start(c, gen=SimpleNamespace(do_sample=False), sampler=None, **kw)
     assert back.choices[0].why == "kept (compiled)" and back.tree == greedy.tree
+
 
 # ---- committing a cycle's tokens ------------------------------------------------------------------
 def test_block_stops_answer_as_first_stop_does():

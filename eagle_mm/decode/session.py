@@ -27,9 +27,9 @@ counted there: it pays first-use costs (Triton builds, allocator growth) that la
 priced from the probe and a borrowed host share until it has run: where no cycle without a tree has run at a batch
 and kind, a drafting call decodes its last ``_MEASURE_TOKENS`` tokens per row without one, to measure it, unless a
 tree promises ``_MEASURE_PLAIN_BELOW`` times its rate (under CUDA graphs: a first call at the batch, or where those
-graphs are held); and where a first choice is no tree while the acceptance
-rests on few drafts, the best tree runs again, once per batch and setting, if it is expected close
-(``_THIN_DRAFTS``): without a tree a call observes no acceptance.
+graphs are held); and where a first choice is no tree while the acceptance rests on few drafts, the best tree runs
+again, once per batch and setting, if it is expected close (``_THIN_DRAFTS``): without a tree a call observes no
+acceptance.
 """
 from __future__ import annotations
 
