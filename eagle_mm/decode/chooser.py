@@ -10,7 +10,7 @@ tree can pay, the call decodes as ``generate`` does, through the same captured s
 One ``Chooser`` per decoder (model, head, device: ``Decoder.chooser``) keeps what every call learns: the costs, the
 acceptance per decoding setting, the host's share per cycle, the calls' straggling and realized times, the CUDA
 graphs the runner holds (mirrored: ``graphs.MAX_GRAPHS`` per step), and for compiled calls the tree each batch size
-got, whether greedy or sampled (a new tree shape would be a new compile). A call's choices are a ``Session``
+and decoding kind got (a new tree shape would be a new compile; greedy and sampled steps compile apart). A call's choices are a ``Session``
 (``session.py``).
 """
 from __future__ import annotations
