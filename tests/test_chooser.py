@@ -956,8 +956,8 @@ def test_under_cuda_graphs_only_a_first_call_or_held_graphs_measure_no_tree(stan
     assert first.tree.drafts and s._plain_unmeasured(4, first)  # eager steps: nothing to capture
     s.captures = True
     assert s._plain_unmeasured(4, first)  # the first call at 4 rows
-    c.called = frozenset({(s.kind, 4, s.setting, True)})
-    assert not s._plain_unmeasured(4, first)  # a later call: the tail would capture
+    c.hold(s.kind, 4, first.tree)  # a later call: the runner holds the tree's graphs at 4 rows
+    assert not s._plain_unmeasured(4, first)  # ... and the tail would capture
     c.hold(s.kind, 4, TreeConfig.none())
     assert s._plain_unmeasured(4, first)  # the graphs are held: the tail replays them
 

@@ -15,16 +15,11 @@ done
 for r in ${ROWS:-greedy1 sampled1 greedy4 sampled4 greedy16}; do
   log "row $r"
   for s in $SIDES; do
-    if [ "$s" = head ]; then
-      PYTHONPATH=$R timeout 60 $G python bench/bench_matrix.py --repeats ${REPEATS:-3} --rows "$r" --methods ours \
-        --out "$OUT/head_$r.json" > "$OUT/head_$r.log" 2>&1
-    elif [ "$s" = pre37 ]; then
-      (cd .pre37 && ONLY_OURS=1 PYTHONPATH=$PWD timeout 60 $G python bench/bench_matrix.py --repeats ${REPEATS:-3} \
-        --rows "$r" --out "$OUT/pre37_$r.json" > "$OUT/pre37_$r.log" 2>&1)
-    else
-      (cd ".$s" && PYTHONPATH=$PWD timeout 60 $G python bench/bench_matrix.py --repeats ${REPEATS:-3} --rows "$r" \
-        --methods ours --out "$OUT/${s}_$r.json" > "$OUT/${s}_$r.log" 2>&1)
-    fi
+    dir=$R/.$s only="" methods="--methods ours"
+    [ "$s" = head ] && dir=$R
+    [ "$s" = pre37 ] && only=1 methods=""  # b360572's bench_matrix: ONLY_OURS instead of --methods
+    (cd "$dir" && ONLY_OURS=$only PYTHONPATH=$dir timeout 60 $G python bench/bench_matrix.py --repeats ${REPEATS:-3} \
+      --rows "$r" $methods --out "$OUT/${s}_$r.json" > "$OUT/${s}_$r.log" 2>&1)
   done
   tar -czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"  # after each row: a run cut short keeps its rows
 done

@@ -247,15 +247,14 @@ class Session:
         ``_MEASURE_PLAIN_BELOW`` times no tree's rate."""
         plain = next((f for f in first.finalists if not f.tree.drafts), None)
         best = next(f for f in first.finalists if f.tree == first.tree)
-        # Under CUDA graphs the tail captures the steps without a tree unless the runner holds them: a first call at
-        # the batch captures anyway, a later one would pay it inside a call that replays everything else (an H100,
-        # greedy batch 16: the second call measured, 0.74 s against 0.16-0.24 s, dev/results/ab20_h100_2026-12-07).
-        # There a cycle without a tree takes the drafting cycles' host share until measured (``Chooser.seconds``).
-        c = self.chooser
-        fresh = not self.captures or (self.kind, batch, TreeConfig.none()) in c.held or not any(
-            k[0] == self.kind and k[1] == batch for k in c.called)
-        return (best.tree.drafts and plain is not None and (self.kind, batch, False) not in c.overhead
-                and best.tokens_per_second < _MEASURE_PLAIN_BELOW * plain.tokens_per_second and fresh)
+        # Only where the tail costs no capture of its own (``_charge``: eager steps, a batch where nothing is held yet,
+        # so every step captures anyway, or the steps without a tree held there): else it would capture inside a call
+        # that replays everything else (an H100, greedy batch 16: the second call measured, 0.74 s against 0.16-0.24
+        # s, dev/results/ab20_h100_2026-12-07). A cycle without a tree then takes the drafting cycles' host share on
+        # a GPU until measured (``Chooser.seconds``).
+        return (best.tree.drafts and plain is not None and (self.kind, batch, False) not in self.chooser.overhead
+                and best.tokens_per_second < _MEASURE_PLAIN_BELOW * plain.tokens_per_second
+                and self._charge(batch)(TreeConfig.none()) == 0.0)
 
     def next_tree(self, batch: int, stats, setup: float, remaining: int | None = None,
                   generation=None) -> TreeConfig:
