@@ -216,6 +216,28 @@ def test_a_tree_is_kept_while_it_is_within_5_percent_of_the_best(stand_in):
     assert Session.start(c, **kw).tree.depth > first.tree.depth
 
 
+@pytest.mark.parametrize("per_token, device, drafts", [(1.2e-3, "cpu", False), (6e-4, "cpu", True),
+                                                       (1.2e-3, "cuda", True)])
+def test_on_a_cpu_a_tree_must_beat_no_tree_by_the_margin(stand_in, per_token, device, drafts):
+    """On a CPU a tree expected a few percent above no tree decodes without one (what drafting costs beyond its steps
+    is priced from few cycles; such trees lost where tried); one expected clearly above it drafts. On a GPU, whose
+    price of no tree is the optimistic one, the rates decide."""
+    stand_in.verify = lambda q: 1e-3 + per_token * q
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    c.device = torch.device(device)  # nothing here runs on it: the probe is the stand-in
+    c.acceptance_for(("greedy", None)).observe(TreeConfig.chain(4), 4000, [round(4000 * r) for r in
+                                               position_rates(0.6, 0.3, TreeConfig.chain(4))])
+    s = Session.start(c, model=model, head=head, cap=None, batch=1, gen=SimpleNamespace(do_sample=False),
+                      sampler=None, mode=None, max_depth=8, max_top_k=96, shrinks=True)
+    shown = s.choices[0].finalists
+    plain = next(f for f in shown if not f.tree.drafts)
+    gain = max(f.tokens_per_second for f in shown) / plain.tokens_per_second
+    assert (1.0 < gain < session_mod._DRAFT_MARGIN) if per_token > 1e-3 else gain > session_mod._DRAFT_MARGIN, gain
+    assert s.tree.drafts is drafts, str(s.choices[0])
+
+
 def test_the_default_call_picks_from_the_costs(stand_in):
     model, ids = tiny_model("llama"), prompt(9)
     ref = model.generate(ids, max_new_tokens=12, do_sample=False)
@@ -655,6 +677,32 @@ def test_drafting_cycles_host_share_is_not_charged_to_no_tree(stand_in):
     seconds = c.seconds(s.table, s.kind, 1)
     assert seconds(s.tree) == pytest.approx(steps + 5e-3)
     assert seconds(TreeConfig.none()) == pytest.approx(cycle_seconds(s.table, 1, TreeConfig.none()))
+
+
+def test_the_cycle_after_rows_finish_teaches_no_host_share(stand_in):
+    """The first cycle at a new batch pays the move (rows dropped, the cache compacted, a new choice): one such
+    cycle, the only one without a tree at batch 2, priced no tree there at twice its cost on this project's CPU."""
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    s = Session.start(c, model=model, head=head, cap=None, batch=4, gen=SimpleNamespace(do_sample=False),
+                      sampler=None, mode=None, max_depth=64, max_top_k=96, shrinks=True)
+    stats = _no_stats(s.capacity.depth)
+
+    def cycle(batch: int, beyond: float) -> None:  # the cycle after this look takes ``beyond`` past its steps
+        s.next_tree(batch, stats, 0.0)
+        stats.num_target_forwards += 1
+        stats.num_drafts += 1
+        stats.time_verify += cycle_seconds(s.table, batch, s.tree) + beyond
+
+    for _ in range(3):
+        cycle(4, 5e-3)
+    cycle(2, 50e-3)  # rows finished: the first cycle at batch 2 pays the move
+    s.next_tree(2, stats, 0.0)
+    assert (s.kind, 2, s.tree.drafts) not in c.overhead
+    cycle(2, 5e-3)
+    s.next_tree(2, stats, 0.0)
+    assert c.overhead[(s.kind, 2, s.tree.drafts)] == pytest.approx(5e-3)
 
 
 def test_on_a_gpu_a_cycle_without_a_tree_takes_the_drafting_cycles_host_share_until_it_learns_its_own(stand_in):

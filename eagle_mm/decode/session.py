@@ -75,6 +75,14 @@ _MEASURING = "no tree for the last tokens, to measure it here"
 # lose (sampled batch 1 on this project's CPU: 1.47 and 1.62 s against 1.40 s without a tree, 0.94x HF eager)
 _THIN_DRAFTS = 128
 _RETRY_WITHIN = 1.15
+# On a CPU a tree is chosen over no tree only where it is expected to finish the call's tokens this many times sooner:
+# what a drafting call costs beyond its steps (rows finishing apart, each a compaction and a new choice; the head's pass
+# over the prompt; a noisy probe) is priced from a few cycles, and a tree expected within a few percent of no tree lost
+# where it was tried (the GPU host's CPU at greedy batch 32: 2/1/2 expected 3% above no tree, the calls ran at 0.68x HF
+# generate, dev/results/ab21_h100_2026-12-07). Not on a GPU: there no tree's price is the optimistic one (whole calls
+# without a tree rarely run to correct it), and trees expected 1.10-1.15x above it ran at 1.5x HF's compiled generate
+# (an H100 at greedy and sampled batch 4, dev/results/ab22_h100_2026-12-07).
+_DRAFT_MARGIN = 1.10
 
 
 @dataclass
@@ -108,6 +116,11 @@ class Session:
     _ran: collections.Counter = field(default_factory=collections.Counter)  # (batch, tree) -> the cycles that ran it
     measure: bool = False  # the call decodes its last _MEASURE_TOKENS tokens per row without a tree, to measure it
     _tail: bool = False  # ... and does so now: it goes on without a tree to its end
+    # The cycle about to run follows a new batch or tree: it pays the move (the rows dropped and the cache compacted,
+    # the choice made, new shapes' first run), so it teaches nothing of the steady host share. One such cycle, the
+    # only one a call ran without a tree at batch 2, priced no tree at twice its cost there (24 ms against 11 ms),
+    # and the later calls on this project's CPU drafted at greedy batch 4 and lost (0.90x HF generate).
+    _moving: bool = False
 
     @classmethod
     def start(cls, chooser: Chooser, *, model, head, cap, batch: int, gen, sampler, mode, max_depth: int,
@@ -224,6 +237,10 @@ class Session:
         last = next((f for f in ranked if f.tree == self.chooser.last.get(key)), None)
         if last is not None and left(last) <= _SWITCH * left(best):
             best = last
+        plain = next((f for f in ranked if not f.tree.drafts), None)
+        if (best.tree.drafts and plain is not None and self.chooser.device.type != "cuda"
+                and left(plain) <= _DRAFT_MARGIN * left(best)):
+            best = plain
         if why == _MEASURING:  # the tree the call chose stays the one the next call holds to
             best = next(f for f in ranked if not f.tree.drafts)
         elif (why == "first" and not best.tree.drafts and 0 < self.acceptance.observed < _THIN_DRAFTS
@@ -273,7 +290,7 @@ class Session:
             now = time.perf_counter()
             why = None
             if batch != self._batch and (self.captures or self._tail):  # the call keeps its tree, whose captures
-                self._batch = batch  # its choice counted (or, measuring, no tree)
+                self._batch, self._moving = batch, True  # its choice counted (or, measuring, no tree)
             elif batch != self._batch:
                 why = "rows finished"
             elif self.measure and self.tree.drafts and self.remaining <= _MEASURE_TOKENS:
@@ -290,6 +307,7 @@ class Session:
                 self._batch = batch
                 new = self._choose(batch, why, stats.num_target_forwards).tree
                 self._stale = not self.tree.drafts and new.drafts
+                self._moving = self._moving or new != self.tree
                 self.tree = new
             if self.captures:
                 self.chooser.hold(self.kind, batch, self.tree)
@@ -356,8 +374,9 @@ class Session:
             self.acceptance.observe(self.tree, drafts,
                                     [c - (last_counts[i] if i < len(last_counts) else 0) for i, c in enumerate(counts)],
                                     [c - (last_firsts[i] if i < len(last_firsts) else 0) for i, c in enumerate(firsts)])
-        if setup == last_setup:  # a cycle that captured or compiled a step says nothing of the steady cost
-            self._learn_overhead(seconds - last_seconds)
+        moving, self._moving = self._moving, False
+        if setup == last_setup and not moving:  # a cycle that captured or compiled a step, or moved to a new batch or
+            self._learn_overhead(seconds - last_seconds)  # tree, says nothing of the steady cost
         elif self.captures and setup > last_setup:  # ... but says what a capture costs
             _note(self.chooser.captures, self.kind, setup - last_setup, 15)
 
