@@ -1170,26 +1170,27 @@ def test_repeated_default_calls_capture_nothing_new(do_sample):
     assert seen[-1][:2] == seen[-2][:2] == seen[-3][:2] and seen[-1][2] == 0.0, seen
 
 
-@pytest.mark.parametrize("drafts, within, retried", [(20, 1e9, True), (20, 1.0, False), (4000, 1e9, False),
-                                                     (0, 1e9, False)])
-def test_no_tree_on_thin_acceptance_drafts_the_best_tree_again(stand_in, monkeypatch, drafts, within, retried):
+@pytest.mark.parametrize("drafts, within, retried, batch", [(20, 1e9, True, 1), (20, 1.0, False, 1),
+                                                            (4000, 1e9, False, 1), (0, 1e9, False, 1),
+                                                            (20, 1e9, False, 4)])
+def test_no_tree_on_thin_acceptance_drafts_the_best_tree_again(stand_in, monkeypatch, drafts, within, retried, batch):
     """A call's first choice of no tree while the acceptance rests on fewer than ``_THIN_DRAFTS`` drafts drafts the
     best tree instead, when it is expected within ``_RETRY_WITHIN`` of no tree's rate (a call without a tree observes
     no acceptance: an early low fit would stay), once; not with enough drafts seen, nor before any, nor when the tree
-    is further behind."""
+    is further behind, nor on a CPU above one row (every such retry seen there lost)."""
     stand_in.verify = LINEAR  # a CPU's verify: every token costs, so a poor head's trees lose
     monkeypatch.setattr(session_mod, "_RETRY_WITHIN", within)
     model = tiny_model("llama")
     head = em.EagleHead.from_target(model)
     c = em.decoder(model, head).chooser
-    start = dict(model=model, head=head, cap=None, batch=1, gen=SimpleNamespace(do_sample=False), sampler=None,
+    start = dict(model=model, head=head, cap=None, batch=batch, gen=SimpleNamespace(do_sample=False), sampler=None,
                  mode=None, max_depth=64, max_top_k=96, shrinks=True)
     s = Session.start(c, **start)
     if drafts:
         chain = TreeConfig.chain(3)
         s.acceptance.observe(chain, drafts, [round(drafts * r) for r in position_rates(0.3, 0.3, chain, 0.3)])
     s = Session.start(c, **start)
-    ranked = s.rank(1)
+    ranked = s.rank(batch)
     plain = next(f for f in ranked if not f.tree.drafts)
     assert ranked[0] == plain  # the fit prices every tree out
     assert s.tree.drafts == retried

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 2026-12-07g's last call: the matrix rows call26.sh's time limit cut (greedy and sampled 16 and 32, HF
-# static and ours, this code), then the H100 fault's row without HF static (HF eager and ours), until DEADLINE.
+# Written in session 2026-12-07g, not run there (its device time ran out): the matrix rows call26.sh's time limit
+# cut (greedy and sampled 16 and 32, HF static and ours, this code), then the H100 fault's row without HF static (HF
+# eager and ours), until DEADLINE.
 #   S=$(date +%s); DEADLINE=$((S+230)) bash dev/gpu/call27.sh OUTDIR
 set -u
 OUT=${1:?usage: call27.sh OUTDIR}

@@ -11,13 +11,14 @@ archive() { tar -czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && r
 G="taskset -c 2-15"
 # The host CPU's work: no GPU, 2 threads, cores 0-1 (the variables before taskset: after it they read as the command).
 HOSTCPU="env CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 PYTHONPATH=$R taskset -c 0,1"
-# CPU matrix rows beside the GPU work: each row of $1 in a process of its own on cores 0-1, until CPU_DEADLINE (epoch
+# CPU matrix rows beside the GPU work (CPU_REPEATS timed calls, 3 by default: with 2, one call that drafted where it
+# lost was half the median on the hosts): each row of $1 in a process of its own on cores 0-1, until CPU_DEADLINE (epoch
 # s), into OUT/cpu_ROW.json and OUT/cpu.log. Run it in the background: `cpu_rows "greedy1 sampled1" &`.
 cpu_rows() {
   local r C=$HOSTCPU
   for r in $1; do
     [ "$(date +%s)" -gt "${CPU_DEADLINE:-0}" ] && break
-    $C timeout 150 python bench/bench_matrix.py --repeats 2 --rows "$r" --methods hf_eager hf_static ours \
+    $C timeout 150 python bench/bench_matrix.py --repeats ${CPU_REPEATS:-3} --rows "$r" --methods hf_eager hf_static ours \
       --out "$OUT/cpu_$r.json" >> "$OUT/cpu.log" 2>&1
     echo "$(date -u +%T) cpu row $r rc=$?" >> "$OUT/cpu.log"
   done

@@ -72,16 +72,17 @@ _MEASURING = "no tree for the last tokens, to measure it here"
 # batch 1 on this project's CPU: 17 cycles fitted (0.58, 0.3, 0.65), every later call decoded without a tree at
 # 0.95x eager generate, where runs that went on drafting fitted (0.62, 0.5, 0.85) and ran 1.13x and more). Once per
 # batch and setting: a retried tree that its call dropped for no tree was drafted again two calls later, and such calls
-# lose (sampled batch 1 on this project's CPU: 1.47 and 1.62 s against 1.40 s without a tree, 0.94x HF eager)
+# lose (sampled batch 1 on this project's CPU: 1.47 and 1.62 s against 1.40 s without a tree, 0.94x HF eager). On a
+# CPU at one row only: above it every retry seen lost (this project's CPU, sampled batch 4 and 16: 2.06 and 3.53 s
+# against 1.88 and 3.00-3.08 without a tree, dev/results/matrix_cpu_2026-12-07g.json; ab22's host at greedy batch 4:
+# 2.14 against 1.87 s), and no tree at batch 4 or more has won on a CPU in the matrix runs.
 _THIN_DRAFTS = 128
 _RETRY_WITHIN = 1.15
-# On a CPU a tree is chosen over no tree only where it is expected to finish the call's tokens this many times sooner:
-# what a drafting call costs beyond its steps (rows finishing apart, each a compaction and a new choice; the head's pass
-# over the prompt; a noisy probe) is priced from a few cycles, and a tree expected within a few percent of no tree lost
-# where it was tried (the GPU host's CPU at greedy batch 32: 2/1/2 expected 3% above no tree, the calls ran at 0.68x HF
-# generate, dev/results/ab21_h100_2026-12-07). Not on a GPU: there no tree's price is the optimistic one (whole calls
-# without a tree rarely run to correct it), and trees expected 1.10-1.15x above it ran at 1.5x HF's compiled generate
-# (an H100 at greedy and sampled batch 4, dev/results/ab22_h100_2026-12-07).
+# On a CPU a tree must be expected to finish the call's tokens this many times sooner than no tree: what drafting
+# costs beyond its steps (rows finishing apart, each a compaction and a choice; the head's pass over the prompt) is
+# priced from few cycles, and trees a few percent ahead lost (the GPU host's CPU, greedy batch 32: 3% ahead, 0.68x HF
+# generate, dev/results/ab21_h100_2026-12-07). Not on a GPU, whose price of no tree is the optimistic one: trees
+# 1.10-1.15x ahead of it ran at 1.5x HF's compiled generate (H100, batch 4, dev/results/ab22_h100_2026-12-07).
 _DRAFT_MARGIN = 1.10
 
 
@@ -116,10 +117,8 @@ class Session:
     _ran: collections.Counter = field(default_factory=collections.Counter)  # (batch, tree) -> the cycles that ran it
     measure: bool = False  # the call decodes its last _MEASURE_TOKENS tokens per row without a tree, to measure it
     _tail: bool = False  # ... and does so now: it goes on without a tree to its end
-    # The cycle about to run follows a new batch or tree: it pays the move (the rows dropped and the cache compacted,
-    # the choice made, new shapes' first run), so it teaches nothing of the steady host share. One such cycle, the
-    # only one a call ran without a tree at batch 2, priced no tree at twice its cost there (24 ms against 11 ms),
-    # and the later calls on this project's CPU drafted at greedy batch 4 and lost (0.90x HF generate).
+    # The next cycle follows a new batch or tree: it pays the move (rows dropped, the cache compacted, the choice), so
+    # it teaches no host share (one such cycle priced no tree at 24 ms against 11 on this project's CPU at batch 2)
     _moving: bool = False
 
     @classmethod
@@ -244,7 +243,7 @@ class Session:
         if why == _MEASURING:  # the tree the call chose stays the one the next call holds to
             best = next(f for f in ranked if not f.tree.drafts)
         elif (why == "first" and not best.tree.drafts and 0 < self.acceptance.observed < _THIN_DRAFTS
-              and key not in self.chooser.retried):
+              and key not in self.chooser.retried and (batch == 1 or self.chooser.device.type == "cuda")):
             tree = next((f for f in ranked if f.tree.drafts
                          and f.tokens_per_second * _RETRY_WITHIN >= best.tokens_per_second), None)
             if tree is not None:
