@@ -10,17 +10,9 @@ OUT=$(realpath -m "$OUT")
 source "$(dirname "$0")/prelude.sh"
 cpu_rows "${CPUROWS:-greedy4 sampled4 greedy16 sampled16 greedy32}" &
 CPU=$!
-part() {  # $1: name, $2: most seconds, rest: rows
-  local name=$1 most=$2 left; shift 2
-  left=$(( DEADLINE - $(date +%s) - 5 ))
-  [ "$left" -lt 30 ] && return
-  PYTHONPATH=$R timeout $(( left < most ? left : most )) $G python bench/bench_matrix.py --repeats 3 --rows "$@" \
-    --out "$OUT/matrix_$name.json" > "$OUT/matrix_$name.log" 2>&1
-  log "end matrix_$name rc=$?"
-}
-part b64 170 greedy64 sampled64 ragged16
-part b1 200 greedy1 sampled1 greedy16 sampled16
-part b4 200 greedy4 sampled4 greedy32 sampled32
+matrix_part b64 170 greedy64 sampled64 ragged16
+matrix_part b1 200 greedy1 sampled1 greedy16 sampled16
+matrix_part b4 200 greedy4 sampled4 greedy32 sampled32
 kill $CPU 2>/dev/null; wait $CPU 2>/dev/null
 log "all done"
 archive

@@ -16,16 +16,8 @@ ROWS="sampled1 greedy1" SIDES="pre37 head" REPEATS=21 timeout 120 bash dev/gpu/a
   > /dev/null 2>&1
 log "end ab rc=$?"
 rm -f "$OUT/ab.tgz"
-part() {  # $1: name, $2: most seconds, rest: rows
-  local name=$1 most=$2 left; shift 2
-  left=$(( DEADLINE - $(date +%s) - 5 ))
-  [ "$left" -lt 60 ] && return
-  PYTHONPATH=$R timeout $(( left < most ? left : most )) $G python bench/bench_matrix.py --repeats 3 --rows "$@" \
-    --out "$OUT/matrix_$name.json" > "$OUT/matrix_$name.log" 2>&1
-  log "end matrix_$name rc=$?"
-}
-part b1 150 greedy1 sampled1 greedy16 sampled16
-part b4 130 greedy4 sampled4 greedy32 sampled32
+MIN_LEFT=60 matrix_part b1 150 greedy1 sampled1 greedy16 sampled16
+MIN_LEFT=60 matrix_part b4 130 greedy4 sampled4 greedy32 sampled32
 one() {  # $1: label, rest: bench_matrix arguments (env before it in $ENVV)
   fits 45 || return
   PYTHONPATH=$R timeout 70 env ${ENVV:-} $G python bench/bench_matrix.py --repeats 1 --rows greedy64 "${@:2}" \

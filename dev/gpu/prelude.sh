@@ -64,3 +64,13 @@ measure_tail() {
   rm -rf "$OUT/ab"
   log "end ab"
 }
+# The GPU matrix's rows in a process of their own, every method, 3 timed calls, into OUT/matrix_$1.json and .log:
+# $1 a name, $2 the most seconds, the rest the rows; within DEADLINE (skipped where fewer than MIN_LEFT, 30, are left).
+matrix_part() {
+  local name=$1 most=$2 left; shift 2
+  left=$(( DEADLINE - $(date +%s) - 5 ))
+  [ "$left" -lt "${MIN_LEFT:-30}" ] && return
+  PYTHONPATH=$R timeout $(( left < most ? left : most )) $G python bench/bench_matrix.py --repeats 3 --rows "$@" \
+    --out "$OUT/matrix_$name.json" > "$OUT/matrix_$name.log" 2>&1
+  log "end matrix_$name rc=$?"
+}
