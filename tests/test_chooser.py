@@ -679,14 +679,18 @@ def test_drafting_cycles_host_share_is_not_charged_to_no_tree(stand_in):
     assert seconds(TreeConfig.none()) == pytest.approx(cycle_seconds(s.table, 1, TreeConfig.none()))
 
 
-def test_the_cycle_after_rows_finish_teaches_no_host_share(stand_in):
+@pytest.mark.parametrize("keeps_tree", [False, True], ids=["new choice", "tree kept (captured steps)"])
+def test_the_cycle_after_rows_finish_teaches_no_host_share(stand_in, keeps_tree):
     """The first cycle at a new batch pays the move (rows dropped, the cache compacted, a new choice): one such
-    cycle, the only one without a tree at batch 2, priced no tree there at twice its cost on this project's CPU."""
+    cycle, the only one without a tree at batch 2, priced no tree there at twice its cost on this project's CPU. So
+    too where the call keeps its tree as rows finish (its steps replay as CUDA graphs)."""
     model = tiny_model("llama")
     head = em.EagleHead.from_target(model)
     c = em.decoder(model, head).chooser
     s = Session.start(c, model=model, head=head, cap=None, batch=4, gen=SimpleNamespace(do_sample=False),
                       sampler=None, mode=None, max_depth=64, max_top_k=96, shrinks=True)
+    s.captures = keeps_tree
+    tree = s.tree
     stats = _no_stats(s.capacity.depth)
 
     def cycle(batch: int, beyond: float) -> None:  # the cycle after this look takes ``beyond`` past its steps
@@ -698,6 +702,7 @@ def test_the_cycle_after_rows_finish_teaches_no_host_share(stand_in):
     for _ in range(3):
         cycle(4, 5e-3)
     cycle(2, 50e-3)  # rows finished: the first cycle at batch 2 pays the move
+    assert (s.tree == tree) if keeps_tree else True
     s.next_tree(2, stats, 0.0)
     assert (s.kind, 2, s.tree.drafts) not in c.overhead
     cycle(2, 5e-3)

@@ -288,8 +288,9 @@ class Session:
         if self.mode in (None, "graphs"):  # compiled calls keep their tree
             now = time.perf_counter()
             why = None
+            self._moving = self._moving or 0 < self._batch != batch  # rows finished: the next cycle pays the move
             if batch != self._batch and (self.captures or self._tail):  # the call keeps its tree, whose captures
-                self._batch, self._moving = batch, True  # its choice counted (or, measuring, no tree)
+                self._batch = batch  # its choice counted (or, measuring, no tree)
             elif batch != self._batch:
                 why = "rows finished"
             elif self.measure and self.tree.drafts and self.remaining <= _MEASURE_TOKENS:
