@@ -216,19 +216,21 @@ def test_a_tree_is_kept_while_it_is_within_5_percent_of_the_best(stand_in):
     assert Session.start(c, **kw).tree.depth > first.tree.depth
 
 
-@pytest.mark.parametrize("per_token, device, drafts", [(1.2e-3, "cpu", False), (6e-4, "cpu", True),
-                                                       (1.2e-3, "cuda", True)])
-def test_on_a_cpu_a_tree_must_beat_no_tree_by_the_margin(stand_in, per_token, device, drafts):
+@pytest.mark.parametrize("per_token, device, seen, drafts", [(1.2e-3, "cpu", 4000, False), (6e-4, "cpu", 4000, True),
+                                                             (1.2e-3, "cuda", 4000, True), (1.2e-3, "cpu", 0, True)])
+def test_on_a_cpu_a_tree_must_beat_no_tree_by_the_margin(stand_in, per_token, device, seen, drafts):
     """On a CPU a tree expected a few percent above no tree decodes without one (what drafting costs beyond its steps
     is priced from few cycles; such trees lost where tried); one expected clearly above it drafts. On a GPU, whose
-    price of no tree is the optimistic one, the rates decide."""
+    price of no tree is the optimistic one, the rates decide; and before the acceptance is measured (a call without a
+    tree would never measure it)."""
     stand_in.verify = lambda q: 1e-3 + per_token * q
     model = tiny_model("llama")
     head = em.EagleHead.from_target(model)
     c = em.decoder(model, head).chooser
     c.device = torch.device(device)  # nothing here runs on it: the probe is the stand-in
-    c.acceptance_for(("greedy", None)).observe(TreeConfig.chain(4), 4000, [round(4000 * r) for r in
-                                               position_rates(0.6, 0.3, TreeConfig.chain(4))])
+    if seen:
+        c.acceptance_for(("greedy", None)).observe(TreeConfig.chain(4), seen, [round(seen * r) for r in
+                                                   position_rates(0.6, 0.3, TreeConfig.chain(4))])
     s = Session.start(c, model=model, head=head, cap=None, batch=1, gen=SimpleNamespace(do_sample=False),
                       sampler=None, mode=None, max_depth=8, max_top_k=96, shrinks=True)
     shown = s.choices[0].finalists

@@ -82,7 +82,9 @@ _RETRY_WITHIN = 1.15
 # costs beyond its steps (rows finishing apart, each a compaction and a choice; the head's pass over the prompt) is
 # priced from few cycles, and trees a few percent ahead lost (the GPU host's CPU, greedy batch 32: 3% ahead, 0.68x HF
 # generate, dev/results/ab21_h100_2026-12-07). Not on a GPU, whose price of no tree is the optimistic one: trees
-# 1.10-1.15x ahead of it ran at 1.5x HF's compiled generate (H100, batch 4, dev/results/ab22_h100_2026-12-07).
+# 1.10-1.15x ahead of it ran at 1.5x HF's compiled generate (H100, batch 4, dev/results/ab22_h100_2026-12-07). Only
+# once the acceptance is measured (_THIN_DRAFTS): on the prior a call without a tree would never learn it (the demo on
+# this project's CPU then decoded every call without one, 1.02x generate, where drafting ran 1.10x).
 _DRAFT_MARGIN = 1.10
 
 
@@ -238,7 +240,7 @@ class Session:
             best = last
         plain = next((f for f in ranked if not f.tree.drafts), None)
         if (best.tree.drafts and plain is not None and self.chooser.device.type != "cuda"
-                and left(plain) <= _DRAFT_MARGIN * left(best)):
+                and self.acceptance.observed >= _THIN_DRAFTS and left(plain) <= _DRAFT_MARGIN * left(best)):
             best = plain
         if why == _MEASURING:  # the tree the call chose stays the one the next call holds to
             best = next(f for f in ranked if not f.tree.drafts)
