@@ -59,6 +59,18 @@ def _seen(a: float, t: float, tree: TreeConfig, drafts: int = 4000) -> Acceptanc
     return est
 
 
+def _greedy_session(batch: int, captures: bool = False) -> tuple:
+    """(chooser, a greedy call's Session at ``batch``) on a fresh tiny target and head; ``captures``: as if its steps
+    replayed as CUDA graphs."""
+    model = tiny_model("llama")
+    head = em.EagleHead.from_target(model)
+    c = em.decoder(model, head).chooser
+    s = Session.start(c, model=model, head=head, cap=None, batch=batch, gen=SimpleNamespace(do_sample=False),
+                      sampler=None, mode=None, max_depth=64, max_top_k=96, shrinks=True)
+    s.captures = captures
+    return c, s
+
+
 def _no_stats(depth: int = 8) -> SimpleNamespace:
     """A call's ``SpeculativeStats`` before its first cycle (what ``Session.next_tree`` reads)."""
     return SimpleNamespace(num_target_forwards=0, num_drafts=0, accept_counts=[0] * depth, first_counts=[0] * depth,
@@ -686,12 +698,7 @@ def test_the_cycle_after_rows_finish_teaches_no_host_share(stand_in, keeps_tree)
     """The first cycle at a new batch pays the move (rows dropped, the cache compacted, a new choice): one such
     cycle, the only one without a tree at batch 2, priced no tree there at twice its cost on this project's CPU. So
     too where the call keeps its tree as rows finish (its steps replay as CUDA graphs)."""
-    model = tiny_model("llama")
-    head = em.EagleHead.from_target(model)
-    c = em.decoder(model, head).chooser
-    s = Session.start(c, model=model, head=head, cap=None, batch=4, gen=SimpleNamespace(do_sample=False),
-                      sampler=None, mode=None, max_depth=64, max_top_k=96, shrinks=True)
-    s.captures = keeps_tree
+    c, s = _greedy_session(4, captures=keeps_tree)
     tree = s.tree
     stats = _no_stats(s.capacity.depth)
 
@@ -823,12 +830,7 @@ def test_under_cuda_graphs_a_call_keeps_its_tree_as_rows_finish(stand_in, graphs
     """Replayed as CUDA graphs, a call keeps its first tree as its batch shrinks (its choice counted the captures at
     the smaller batches): a new choice at each batch made each call's path of trees differ from the last call's, and
     timed calls captured again. Eagerly, nothing is captured: it chooses again at the new batch."""
-    model = tiny_model("llama")
-    head = em.EagleHead.from_target(model)
-    c = em.decoder(model, head).chooser
-    s = Session.start(c, model=model, head=head, cap=None, batch=16, gen=SimpleNamespace(do_sample=False),
-                      sampler=None, mode=None, max_depth=64, max_top_k=96, shrinks=True)
-    s.captures = graphs
+    c, s = _greedy_session(16, captures=graphs)
     first = s.tree
     s.next_tree(16, _stats(0), 0.0)
     s.next_tree(16, _stats(1), 0.0)

@@ -148,6 +148,11 @@ class Chooser:
         # while the costs are, and a choice ranks a few hundred trees (``seconds``)
         self._steps: dict[tuple, tuple] = {}
 
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the steps run on a CUDA device (captured, waiting on the host), not eagerly on a CPU."""
+        return self.device.type == "cuda"
+
     def sync(self, generation) -> None:
         """The decoder's storage is at ``generation``: graphs captured on an earlier one went with its memory."""
         if generation != self.generation:
@@ -184,7 +189,7 @@ class Chooser:
         own = of(drafts)
         if own is not None:
             return own
-        return max(1.0, of(False) or 1.0) if drafts and self.device.type != "cuda" else 1.0
+        return max(1.0, of(False) or 1.0) if drafts and not self.on_gpu else 1.0
 
     def acceptance_for(self, setting: tuple) -> Acceptance:
         return self.acceptance.setdefault(setting, Acceptance())
@@ -221,7 +226,7 @@ class Chooser:
                        for (k, b, d), v in self.overhead.items() if k == kind and d == drafts]
             return min(learned)[2] if learned else None
         learned = {True: extra(True), False: extra(False)}
-        borrows = {True: True, False: self.device.type == "cuda"}  # whether a cycle takes the other sort's share
+        borrows = {True: True, False: self.on_gpu}  # whether a cycle takes the other sort's share
         extras = {d: learned[d] if learned[d] is not None else (borrows[d] and learned[not d]) or 0.0
                   for d in (True, False)}
         steps = self.step_seconds(table, kind, batch)

@@ -73,18 +73,13 @@ _MEASURING = "no tree for the last tokens, to measure it here"
 # 0.95x eager generate, where runs that went on drafting fitted (0.62, 0.5, 0.85) and ran 1.13x and more). Once per
 # batch and setting: a retried tree that its call dropped for no tree was drafted again two calls later, and such calls
 # lose (sampled batch 1 on this project's CPU: 1.47 and 1.62 s against 1.40 s without a tree, 0.94x HF eager). On a
-# CPU at one row only: above it every retry seen lost (this project's CPU, sampled batch 4 and 16: 2.06 and 3.53 s
-# against 1.88 and 3.00-3.08 without a tree, dev/results/matrix_cpu_2026-12-07g.json; ab22's host at greedy batch 4:
-# 2.14 against 1.87 s), and no tree at batch 4 or more has won on a CPU in the matrix runs.
+# CPU at one row only: every retry above it lost (dev/results/matrix_cpu_2026-12-07g.json, sampled 4 and 16).
 _THIN_DRAFTS = 128
 _RETRY_WITHIN = 1.15
-# On a CPU a tree must be expected to finish the call's tokens this many times sooner than no tree: what drafting
-# costs beyond its steps (rows finishing apart, each a compaction and a choice; the head's pass over the prompt) is
-# priced from few cycles, and trees a few percent ahead lost (the GPU host's CPU, greedy batch 32: 3% ahead, 0.68x HF
-# generate, dev/results/ab21_h100_2026-12-07). Not on a GPU, whose price of no tree is the optimistic one: trees
-# 1.10-1.15x ahead of it ran at 1.5x HF's compiled generate (H100, batch 4, dev/results/ab22_h100_2026-12-07). Only
-# once the acceptance is measured (_THIN_DRAFTS): on the prior a call without a tree would never learn it (the demo on
-# this project's CPU then decoded every call without one, 1.02x generate, where drafting ran 1.10x).
+# On a CPU, once the acceptance is measured (_THIN_DRAFTS), a tree must finish the call's tokens this many times sooner
+# than no tree: drafting's costs beyond its steps are priced from few cycles, and trees 3% ahead lost (the GPU host's
+# CPU, greedy batch 32: 0.68x, dev/results/ab21_h100_2026-12-07). Not on a GPU, whose no-tree price is optimistic (trees
+# 1.10x ahead ran 1.5x HF, ab22), nor on the prior (a call without a tree never learns it: the demo then never drafted).
 _DRAFT_MARGIN = 1.10
 
 
@@ -130,7 +125,7 @@ class Session:
         the call goes on with fewer rows as they finish (else it keeps its tree: compiled steps). ``mode``: how the
         call's steps run (``options.choose_mode``): the costs are probed as CUDA graphs where it captures them.
         ``max_depth``: the new tokens the call decodes (the first choice weighs captures against them)."""
-        graphs = mode is not None and chooser.device.type == "cuda"
+        graphs = mode is not None and chooser.on_gpu
         chooser.measure(model, head, cap, sorted({batch, 1} if shrinks else {batch}), sampler, graphs, mrope)
         setting = setting_of(gen)
         acceptance = chooser.acceptance_for(setting)
@@ -140,7 +135,7 @@ class Session:
             most = _SAMPLED_BYTES // (4 * batch * sampler.vocab_size) - 1
             trees = [t for t in trees if t.total_tokens <= most]
         s = cls(chooser, acceptance, chooser.table(kind), kind, trees, mode, setting, sampler=sampler,
-                captures=mode == "graphs" and chooser.device.type == "cuda", remaining=max_depth)
+                captures=mode == "graphs" and chooser.on_gpu, remaining=max_depth)
         # Per decoding kind: a sampled call's steps are not a greedy call's (its draft and acceptance compile anew),
         # so keeping a greedy call's tree saved it nothing and drafted a tree chosen for greedy acceptance (this
         # project's CPU, sampled batch 1 with compile=True: 4/4/16 at 0.81x generate, where no tree is its choice).
@@ -238,14 +233,14 @@ class Session:
         last = next((f for f in ranked if f.tree == self.chooser.last.get(key)), None)
         if last is not None and left(last) <= _SWITCH * left(best):
             best = last
-        plain = next((f for f in ranked if not f.tree.drafts), None)
-        if (best.tree.drafts and plain is not None and self.chooser.device.type != "cuda"
-                and self.acceptance.observed >= _THIN_DRAFTS and left(plain) <= _DRAFT_MARGIN * left(best)):
+        plain = next(f for f in ranked if not f.tree.drafts)  # no tree is always a candidate
+        if (best.tree.drafts and not self.chooser.on_gpu and self.acceptance.observed >= _THIN_DRAFTS
+                and left(plain) <= _DRAFT_MARGIN * left(best)):
             best = plain
         if why == _MEASURING:  # the tree the call chose stays the one the next call holds to
-            best = next(f for f in ranked if not f.tree.drafts)
+            best = plain
         elif (why == "first" and not best.tree.drafts and 0 < self.acceptance.observed < _THIN_DRAFTS
-              and key not in self.chooser.retried and (batch == 1 or self.chooser.device.type == "cuda")):
+              and key not in self.chooser.retried and (batch == 1 or self.chooser.on_gpu)):
             tree = next((f for f in ranked if f.tree.drafts
                          and f.tokens_per_second * _RETRY_WITHIN >= best.tokens_per_second), None)
             if tree is not None:
